@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Start (or stop, or report) the project's own dockerd, with its socket and state under
+# .run/docker/ in the project. Idempotent: "start" does nothing if it already answers.
+#
+#   bash scripts/dockerd.sh start   # prints the DOCKER_HOST to use
+#   bash scripts/dockerd.sh stop
+#   bash scripts/dockerd.sh status
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+run="${VIME_RUN_DIR:-$root/.run}/docker"
+sock="$run/docker.sock"
+# A unix socket path must stay under ~107 bytes: deep checkouts put theirs in /tmp.
+if [ ${#sock} -gt 100 ]; then
+  sock="/tmp/vime-docker-$(printf %s "$run" | md5sum | cut -c1-12).sock"
+fi
+export DOCKER_HOST="unix://$sock"
+
+answers() { [ -S "$sock" ] && curl -sf --max-time 2 --unix-socket "$sock" http://localhost/_ping >/dev/null 2>&1; }
+
+case "${1:-start}" in
+  start)
+    if answers; then echo "$DOCKER_HOST"; exit 0; fi
+    if ! command -v dockerd >/dev/null; then
+      echo "dockerd.sh: dockerd is not installed; run scripts/setup.sh (it installs Debian's docker.io)" >&2
+      exit 1
+    fi
+    mkdir -p "$run"
+    # A stale pidfile from a killed run makes dockerd refuse to start.
+    if [ -f "$run/docker.pid" ] && ! kill -0 "$(cat "$run/docker.pid")" 2>/dev/null; then
+      rm -f "$run/docker.pid" "$sock"
+    fi
+    # containerd is started by dockerd itself (its own state lives under exec-root).
+    setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$run/exec" \
+      --pidfile "$run/docker.pid" --storage-driver overlay2 \
+      >"$run/dockerd.log" 2>&1 </dev/null &
+    for _ in $(seq 1 120); do
+      if answers; then echo "$DOCKER_HOST"; exit 0; fi
+      sleep 0.5
+    done
+    echo "dockerd.sh: dockerd did not answer on $sock within 60 s; last log lines:" >&2
+    tail -n 20 "$run/dockerd.log" >&2 || true
+    exit 1
+    ;;
+  stop)
+    if [ -f "$run/docker.pid" ]; then
+      pid=$(cat "$run/docker.pid")
+      kill "$pid" 2>/dev/null || true
+      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    fi
+    ;;
+  status)
+    if answers; then echo "running: $DOCKER_HOST"; else echo "not running"; exit 1; fi
+    ;;
+  *)
+    echo "usage: $0 start|stop|status" >&2; exit 2 ;;
+esac

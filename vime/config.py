@@ -1,0 +1,186 @@
+"""Typed dataclass configs and ``key=value`` overrides.
+
+Each component owns one dataclass config next to its code (``vime.engine.EngineConfig``,
+``vime.sandbox.SandboxConfig``, ...), validated in ``__post_init__`` with
+:func:`require`. This module holds what they share: validation, and applying
+command-line overrides (``trainer.lr=1e-5``) with errors that name the key and the
+nearest valid names.
+
+Example:
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Demo:
+    ...     lr: float = 1e-3
+    ...     steps: int = 10
+    >>> apply_overrides(Demo(), ["steps=20"]).steps
+    20
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Iterable, Sequence
+from typing import Any, TypeVar
+
+from vime.errors import ConfigError
+
+T = TypeVar("T")
+
+
+def require(condition: bool, key: str, message: str) -> None:
+    """Raise :class:`ConfigError` naming ``key`` unless ``condition`` holds.
+
+    Example:
+        >>> require(1 > 0, "trainer.lr", "must be > 0")
+    """
+    if not condition:
+        raise ConfigError(f"{key}: {message}", key=key)
+
+
+def require_choice(value: Any, key: str, choices: Iterable[Any]) -> None:
+    """Raise :class:`ConfigError` unless ``value`` is one of ``choices``.
+
+    Example:
+        >>> require_choice("sync", "rollout.mode", ["sync", "async"])
+    """
+    choices = list(choices)
+    if value not in choices:
+        hint = _nearest(str(value), [str(c) for c in choices])
+        raise ConfigError(
+            f"{key}: {value!r} is not one of {choices}{hint}",
+            key=key,
+        )
+
+
+def _nearest(name: str, candidates: Sequence[str]) -> str:
+    close = difflib.get_close_matches(name, candidates, n=3, cutoff=0.5)
+    return f" (did you mean {', '.join(close)}?)" if close else ""
+
+
+def field_names(cfg: Any, prefix: str = "") -> list[str]:
+    """All dotted field names of a (nested) dataclass instance.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class A:
+        ...     x: int = 1
+        >>> field_names(A())
+        ['x']
+    """
+    names = []
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        full = f"{prefix}{f.name}"
+        names.append(full)
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            names.extend(field_names(value, prefix=f"{full}."))
+    return names
+
+
+def _parse_value(text: str) -> Any:
+    """Parse a command-line value the way YAML would (numbers, bools, null, lists)."""
+    import yaml
+
+    try:
+        return yaml.safe_load(text) if text != "" else ""
+    except yaml.YAMLError:
+        return text
+
+
+def _coerce(value: Any, current: Any, key: str) -> Any:
+    """Convert ``value`` to the type of the field's current value, or fail naming ``key``."""
+    if current is None or value is None:
+        return value
+    target = type(current)
+    if isinstance(current, bool):
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{key}: expected true/false, got {value!r}", key=key)
+    if isinstance(current, int | float) and isinstance(value, int | float) and not isinstance(value, bool):
+        if target is int and isinstance(value, float) and not value.is_integer():
+            raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
+        return target(value)
+    if isinstance(current, str):
+        return str(value)
+    if isinstance(current, list | tuple) and isinstance(value, list | tuple):
+        return target(value)
+    if isinstance(current, dict) and isinstance(value, dict):
+        return value
+    if isinstance(value, target):
+        return value
+    raise ConfigError(
+        f"{key}: expected {target.__name__}, got {value!r} ({type(value).__name__})", key=key
+    )
+
+
+def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
+    """Return a copy of dataclass ``cfg`` with ``key=value`` overrides applied and validated.
+
+    Unknown keys raise :class:`ConfigError` listing the nearest valid names; values are
+    converted to the field's type; the dataclass's own ``__post_init__`` checks run again.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Demo:
+        ...     lr: float = 1e-3
+        >>> apply_overrides(Demo(), ["lr=0.5"]).lr
+        0.5
+    """
+    updates: dict[str, Any] = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(
+                f"override {item!r} is not of the form key=value (example: trainer.lr=1e-5)",
+                key=item,
+            )
+        key, _, raw = item.partition("=")
+        updates[key.strip()] = _parse_value(raw.strip())
+    return _apply(cfg, updates, prefix="")
+
+
+def _apply(cfg: Any, updates: dict[str, Any], prefix: str) -> Any:
+    if not updates:
+        return cfg
+    valid = {f.name: f for f in dataclasses.fields(cfg)}
+    direct: dict[str, Any] = {}
+    nested: dict[str, dict[str, Any]] = {}
+    for key, value in updates.items():
+        head, _, rest = key.partition(".")
+        full = f"{prefix}{key}"
+        if head not in valid:
+            raise ConfigError(
+                f"unknown config key {full!r}{_nearest(full, field_names(cfg, prefix))}",
+                key=full,
+            )
+        current = getattr(cfg, head)
+        if rest:
+            if not (dataclasses.is_dataclass(current) and not isinstance(current, type)):
+                raise ConfigError(f"{prefix}{head} has no sub-keys (got {full!r})", key=full)
+            nested.setdefault(head, {})[rest] = value
+        else:
+            direct[head] = _coerce(value, current, full)
+    for head, sub in nested.items():
+        direct[head] = _apply(getattr(cfg, head), sub, prefix=f"{prefix}{head}.")
+    try:
+        return dataclasses.replace(cfg, **direct)
+    except ConfigError:
+        raise
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"{prefix or 'config'}: {err}") from err
+
+
+def to_dict(cfg: Any) -> dict[str, Any]:
+    """A plain nested dict of a dataclass config (for saving the run's config).
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Demo:
+        ...     lr: float = 1e-3
+        >>> to_dict(Demo())
+        {'lr': 0.001}
+    """
+    return dataclasses.asdict(cfg)

@@ -1,0 +1,256 @@
+"""Plain data types shared by every part of vime.
+
+The data path is: an env produces OpenAI-format messages, the collector turns an episode
+into an :class:`Episode` (token ids, loss mask, rollout log-probs, reward), and the
+trainer consumes :class:`Sample` s built from episodes.
+
+The loss mask is 1 for tokens the policy sampled (and is trained on), 0 for everything
+else: the prompt, tool output, user turns and chat-template glue.
+
+Example:
+    >>> ep = Episode(task_id="t1", env_id="vime/Math-v0", tokens=[5, 6, 7],
+    ...              loss_mask=[0, 1, 1], rollout_logprobs=[0.0, -0.5, -0.1], reward=1.0)
+    >>> ep.num_sampled_tokens
+    2
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+Message = dict[str, Any]
+"""One OpenAI chat message: ``{"role": "user", "content": "..."}`` (plus ``tool_calls`` etc.)."""
+
+
+class EpisodeStatus(str, enum.Enum):
+    """How an episode ended.
+
+    - ``completed``: the env said ``terminated`` (the task is over, reward is final).
+    - ``truncated``: a limit ended it (turns, tokens, wall time); reward is what was earned.
+    - ``aborted``: stopped from outside (engine restart, run shutdown); not trained on.
+    - ``error``: the env, sandbox or engine failed; ``Episode.reason`` says why. Not trained on.
+    """
+
+    COMPLETED = "completed"
+    TRUNCATED = "truncated"
+    ABORTED = "aborted"
+    ERROR = "error"
+
+    @property
+    def trainable(self) -> bool:
+        return self in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
+
+
+@dataclass
+class SamplingParams:
+    """Per-request sampling options sent to the engine.
+
+    Example:
+        >>> SamplingParams(temperature=0.7, max_tokens=64).temperature
+        0.7
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    max_tokens: int = 256
+    stop: list[str] = field(default_factory=list)
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0):
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not (0 < self.top_p <= 1):
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+
+
+@dataclass
+class ToolCall:
+    """A tool call parsed from assistant text. ``arguments`` is the decoded JSON object."""
+
+    name: str
+    arguments: dict[str, Any]
+    id: str = ""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The OpenAI ``tool_calls`` entry for this call."""
+        import json
+
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": json.dumps(self.arguments)},
+        }
+
+
+@dataclass
+class Action:
+    """What the policy did in one turn: its text and the tool calls parsed from it.
+
+    ``parse_errors`` holds one human-readable message per malformed tool call; the env
+    should answer them as an observation rather than crash.
+
+    Example:
+        >>> Action(text="The answer is \\\\boxed{4}").tool_calls
+        []
+    """
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    parse_errors: list[str] = field(default_factory=list)
+
+    def to_message(self) -> Message:
+        """The assistant message as it enters the conversation."""
+        msg: Message = {"role": "assistant", "content": self.text}
+        if self.tool_calls:
+            msg["tool_calls"] = [c.to_openai() for c in self.tool_calls]
+        return msg
+
+
+@dataclass
+class Turn:
+    """One policy turn inside an episode (for metrics, debugging and replay)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    finish_reason: str
+    weight_version: int | None = None
+    reward: float = 0.0
+    latency_s: float = 0.0
+    env_step_s: float = 0.0
+
+
+@dataclass
+class Episode:
+    """One finished episode, as token-level data.
+
+    Invariants (checked on creation):
+    ``len(tokens) == len(loss_mask) == len(rollout_logprobs)``, ``loss_mask`` is 0/1,
+    and ``rollout_logprobs`` is 0.0 wherever ``loss_mask`` is 0.
+
+    ``weight_versions`` has one entry per token: the engine weight version that sampled
+    it, or -1 for tokens the policy did not sample.
+    """
+
+    task_id: str
+    env_id: str
+    tokens: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    reward: float = 0.0
+    status: EpisodeStatus = EpisodeStatus.COMPLETED
+    reason: str = ""
+    prompt_len: int = 0
+    group_id: str = ""
+    sample_index: int = 0
+    weight_versions: list[int] = field(default_factory=list)
+    turns: list[Turn] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    messages: list[Message] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.status = EpisodeStatus(self.status)
+        if not self.weight_versions:
+            self.weight_versions = [-1] * len(self.tokens)
+        n = len(self.tokens)
+        lengths = {
+            "loss_mask": len(self.loss_mask),
+            "rollout_logprobs": len(self.rollout_logprobs),
+            "weight_versions": len(self.weight_versions),
+        }
+        bad = {k: v for k, v in lengths.items() if v != n}
+        if bad:
+            raise ValueError(
+                f"Episode {self.task_id!r}: len(tokens)={n} but "
+                + ", ".join(f"len({k})={v}" for k, v in bad.items())
+            )
+        if any(m not in (0, 1) for m in self.loss_mask):
+            raise ValueError(f"Episode {self.task_id!r}: loss_mask must hold only 0 and 1")
+        if not math.isfinite(self.reward):
+            raise ValueError(f"Episode {self.task_id!r}: reward must be finite, got {self.reward}")
+
+    @property
+    def num_sampled_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def trainable(self) -> bool:
+        return self.status.trainable and self.num_sampled_tokens > 0
+
+    @property
+    def min_weight_version(self) -> int:
+        """Oldest weight version among sampled tokens (-1 if none were sampled)."""
+        sampled = [v for v, m in zip(self.weight_versions, self.loss_mask, strict=True) if m]
+        return min(sampled) if sampled else -1
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-serialisable dict (the buffer's on-disk record)."""
+        d = asdict(self)
+        d["status"] = self.status.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Episode:
+        """Inverse of :meth:`to_dict`."""
+        d = dict(d)
+        d["turns"] = [Turn(**t) for t in d.get("turns", [])]
+        return cls(**d)
+
+
+@dataclass
+class Sample:
+    """What the trainer consumes: one sequence with a per-token advantage signal.
+
+    Example:
+        >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1],
+        ...            rollout_logprobs=[0.0, -0.3, -0.2], advantage=0.5)
+        >>> s.num_loss_tokens
+        2
+    """
+
+    tokens: list[int]
+    loss_mask: list[int]
+    rollout_logprobs: list[float]
+    advantage: float = 0.0
+    reward: float = 0.0
+    weight_version: int = -1
+    group_id: str = ""
+    ref_logprobs: list[float] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        n = len(self.tokens)
+        if len(self.loss_mask) != n or len(self.rollout_logprobs) != n:
+            raise ValueError(
+                f"Sample: len(tokens)={n}, len(loss_mask)={len(self.loss_mask)}, "
+                f"len(rollout_logprobs)={len(self.rollout_logprobs)} must be equal"
+            )
+        if n < 2:
+            raise ValueError("Sample: needs at least 2 tokens (a prompt token and a sampled one)")
+        if self.loss_mask and self.loss_mask[0] != 0:
+            raise ValueError("Sample: loss_mask[0] must be 0 (the first token has no prediction)")
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @classmethod
+    def from_episode(cls, ep: Episode, advantage: float) -> Sample:
+        """The training sample for ``ep`` with its (group-normalised) advantage."""
+        return cls(
+            tokens=list(ep.tokens),
+            loss_mask=list(ep.loss_mask),
+            rollout_logprobs=list(ep.rollout_logprobs),
+            advantage=advantage,
+            reward=ep.reward,
+            weight_version=ep.min_weight_version,
+            group_id=ep.group_id,
+            metadata={"task_id": ep.task_id, "env_id": ep.env_id, "status": ep.status.value},
+        )
