@@ -1,0 +1,116 @@
+"""Docker clients per host, and the one place docker errors become :class:`SandboxError`.
+
+Every call into the docker SDK goes through :func:`docker_errors`, so callers only ever see
+vime's exception tree, with a message that says what was being done and on which host.
+
+Example:
+    >>> with docker_errors("listing containers", host="unix:///nonexistent.sock"):
+    ...     pass
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+from vime.errors import SandboxError
+
+# The project's dockerd speaks API 1.41 (Debian's docker.io 20.10); pinning avoids a
+# version round trip on every new client and fails clearly on an older daemon.
+API_VERSION = "1.41"
+
+_clients: dict[str, object] = {}
+_lock = threading.Lock()
+
+
+def default_host() -> str:
+    """The DOCKER_HOST in effect (``$DOCKER_HOST`` or docker's default socket).
+
+    Example:
+        >>> default_host().startswith(("unix://", "tcp://", "ssh://", "npipe://"))
+        True
+    """
+    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+
+
+def docker_client(host: str | None = None):
+    """A shared ``docker.DockerClient`` for ``host`` (default: :func:`default_host`).
+
+    Clients are cached per host URL and are thread-safe for the calls vime makes (each
+    request takes its own connection from the pool).
+
+    Example:
+        >>> client = docker_client()  # doctest: +SKIP
+        >>> client.ping()  # doctest: +SKIP
+        True
+    """
+    import docker
+
+    host = host or default_host()
+    with _lock:
+        client = _clients.get(host)
+        if client is None:
+            with docker_errors("connecting", host=host):
+                # A pool as large as the biggest sandbox pool we expect: with the default
+                # of 10, 32 concurrent execs wait for connections and look slow.
+                client = docker.DockerClient(
+                    base_url=host, version=API_VERSION, timeout=120, max_pool_size=64
+                )
+            _clients[host] = client
+        return client
+
+
+@contextlib.contextmanager
+def docker_errors(what: str, *, host: str | None = None, container: str | None = None) -> Iterator[None]:
+    """Turn any docker SDK / transport error raised inside into a :class:`SandboxError`.
+
+    ``what`` says what was being done ("creating a container"); the message adds the host,
+    the container and the likely fix.
+
+    Example:
+        >>> try:
+        ...     with docker_errors("pinging", host="unix:///x.sock"):
+        ...         raise ConnectionError("refused")
+        ... except SandboxError as err:
+        ...     print(str(err).split(":")[0])
+        docker error while pinging on unix
+    """
+    import docker.errors
+    import requests.exceptions
+
+    where = f" on {host}" if host else ""
+    if container:
+        where += f" (container {container[:12]})"
+    try:
+        yield
+    except SandboxError:
+        raise
+    except docker.errors.ImageNotFound as err:
+        raise SandboxError(
+            f"docker error while {what}{where}: image not found ({_explain(err)}); "
+            "build it with `vime-agent sandbox build-base` (or load it) on that host"
+        ) from err
+    except docker.errors.NotFound as err:
+        raise SandboxError(
+            f"docker error while {what}{where}: not found ({_explain(err)}); "
+            "the container was probably removed or killed from outside"
+        ) from err
+    except docker.errors.APIError as err:
+        raise SandboxError(f"docker error while {what}{where}: {_explain(err)}") from err
+    except docker.errors.DockerException as err:
+        raise SandboxError(
+            f"docker error while {what}{where}: {err}; is dockerd running? "
+            "start it with `bash scripts/dockerd.sh start` and export the DOCKER_HOST it prints"
+        ) from err
+    except (requests.exceptions.RequestException, ConnectionError, OSError) as err:
+        raise SandboxError(
+            f"docker error while {what}{where}: {type(err).__name__}: {err}; is dockerd "
+            "running and reachable? (`bash scripts/dockerd.sh status`)"
+        ) from err
+
+
+def _explain(err: Exception) -> str:
+    explanation = getattr(err, "explanation", None)
+    return str(explanation or err).strip()
