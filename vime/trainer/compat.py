@@ -1,0 +1,136 @@
+"""Small shims that let megatron-core run on a machine without CUDA (gloo, CPU tensors).
+
+megatron-core assumes CUDA in a handful of places: it asks for ``torch.cuda.current_device()``,
+creates scratch tensors with ``device="cuda"``, checks ``param.grad.type() ==
+'torch.cuda.FloatTensor'`` when clipping, calls ``torch.cuda.synchronize()`` around
+checkpoint writes, and keeps a CUDA RNG tracker. Each shim below replaces exactly one of
+those assumptions, and everything is a no-op when CUDA is present, so the same trainer code
+runs on GPUs unchanged.
+
+Use :func:`apply_cpu_shims` once at start-up (``init_distributed`` does it) and wrap code
+that makes Megatron build tensors (optimizer construction, schedules, optimizer steps,
+checkpoint I/O) in :func:`cpu_device_scope`.
+
+Example:
+    >>> from vime.trainer.compat import apply_cpu_shims, cpu_device_scope
+    >>> apply_cpu_shims()
+    >>> with cpu_device_scope():
+    ...     import torch
+    ...     torch.zeros(1, device="cuda").device.type
+    'cpu'
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_APPLIED = False
+
+
+def cuda_available() -> bool:
+    """True when a CUDA device is usable (then no shim is applied).
+
+    Example:
+        >>> isinstance(cuda_available(), bool)
+        True
+    """
+    return torch.cuda.is_available()
+
+
+def _is_cuda(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    return False
+
+
+class _CudaToCpu(TorchFunctionMode):
+    """Rewrites ``device="cuda"`` to CPU and makes ``Tensor.cuda()`` the identity."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda(kwargs.get("device")):
+            kwargs["device"] = "cpu"
+        # Tensor.to("cuda") and Tensor.to(torch.device("cuda")) pass the device positionally.
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def cpu_device_scope() -> Iterator[None]:
+    """Inside this block, tensors Megatron asks to put on CUDA go to the CPU (no-op with CUDA).
+
+    Example:
+        >>> with cpu_device_scope():
+        ...     torch.ones(2, device="cuda").sum().item()
+        2.0
+    """
+    if cuda_available():
+        yield
+        return
+    with _CudaToCpu():
+        yield
+
+
+def _cpu_clip_grad_by_total_norm_fp32(
+    parameters: Any, max_norm: float, total_norm: float, use_decoupled_grad: bool = False
+) -> None:
+    """CPU version of Megatron's clip: the original asserts CUDA tensor types."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff >= 1.0:
+        return
+    for param in parameters:
+        grad = getattr(param, "decoupled_grad", None) if use_decoupled_grad else param.grad
+        if grad is not None:
+            grad.detach().mul_(clip_coeff)
+
+
+def apply_cpu_shims() -> None:
+    """Patch megatron-core's CUDA-only spots for CPU; idempotent, and a no-op with CUDA.
+
+    Example:
+        >>> apply_cpu_shims(); apply_cpu_shims()  # safe to call twice
+    """
+    global _APPLIED
+    if _APPLIED or cuda_available():
+        return
+    import megatron.core.optimizer.clip_grads as clip_grads
+    import megatron.core.optimizer.optimizer as optimizer_mod
+
+    # Megatron passes current_device() as a device argument; "cpu" is a valid one.
+    torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
+    # Checkpoint writers synchronise the (absent) CUDA stream before timing/writing.
+    torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
+    clip_grads.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32
+    optimizer_mod.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32  # type: ignore[attr-defined]
+    _APPLIED = True
+
+
+def init_rng_tracker(seed: int) -> None:
+    """Seed torch and (re)create Megatron's model-parallel RNG tracker.
+
+    On CPU the tracker cannot hold CUDA generator states, so the "inference" tracker (which
+    only records names) is used; dropout is always 0 in vime's model configs, so no
+    per-rank random stream is needed there. On CUDA Megatron's own seeding is used.
+
+    Example:
+        >>> init_rng_tracker(1234)
+    """
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(seed)
+    if cuda_available():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)

@@ -1,0 +1,336 @@
+"""HF safetensors ⇄ Megatron weights, at any tensor- and pipeline-parallel size.
+
+Every Megatron parameter is described by a :class:`_Map`: the HF tensor(s) it comes from
+and a *kind* saying how it is laid out and split across TP ranks:
+
+- ``replicated``: norms (same on every rank);
+- ``column`` / ``row``: split along dim 0 / dim 1 (``o_proj`` and ``down_proj`` are row);
+- ``vocab``: embedding / lm_head rows, padded to ``padded_vocab_size`` then split on dim 0;
+- ``qkv``: q, k, v interleaved per query group (``[q of group g, k_g, v_g]`` for every g),
+  then split on dim 0, so that each rank holds whole query groups;
+- ``fc1``: gate and up; each rank holds ``[gate slice; up slice]``.
+
+Loading reads the HF tensors on every rank and keeps this rank's slice. Export gathers the
+slices over TP (all-gather) and the stages over PP (to global rank 0), undoes the layout,
+and writes tensors with the names and dtypes of the checkpoint it was loaded from.
+
+Example:
+    >>> from vime.trainer.hf import load_hf_weights, export_hf
+    >>> load_hf_weights(model, "ckpt/hf")                  # doctest: +SKIP
+    >>> export_hf(model, "out/hf", like="ckpt/hf")         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vime.errors import TrainerError
+from vime.trainer.model import ModelSpec
+
+WEIGHTS_NAME = "model.safetensors"
+# safetensors' dtype names (as get_slice().get_dtype() reports them) for float weights.
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+}
+
+
+@dataclass(frozen=True)
+class _Map:
+    mcore: str
+    hf: tuple[str, ...]
+    kind: str
+
+
+def _param_maps(model: Any) -> list[_Map]:
+    """The mapping of every parameter this rank's model stage holds."""
+    spec: ModelSpec = model.hf_spec
+    maps: list[_Map] = []
+    if model.pre_process:
+        maps.append(
+            _Map("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
+        )
+    for local, layer in enumerate(model.decoder.layers):
+        i = layer.layer_number - 1  # global, 0-based (layer_number is global and 1-based)
+        m, h = f"decoder.layers.{local}.", f"model.layers.{i}."
+        att = h + "self_attn."
+        maps += [
+            _Map(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated"),
+            _Map(
+                m + "self_attention.linear_qkv.weight",
+                (att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"),
+                "qkv",
+            ),
+            _Map(m + "self_attention.linear_proj.weight", (att + "o_proj.weight",), "row"),
+            _Map(
+                m + "pre_mlp_layernorm.weight",
+                (h + "post_attention_layernorm.weight",),
+                "replicated",
+            ),
+            _Map(
+                m + "mlp.linear_fc1.weight",
+                (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
+                "fc1",
+            ),
+            _Map(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row"),
+        ]
+        if spec.qkv_bias:
+            names = (att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias")
+            maps.append(_Map(m + "self_attention.linear_qkv.bias", names, "qkv"))
+        if spec.qk_norm:
+            maps.append(
+                _Map(
+                    m + "self_attention.q_layernorm.weight", (att + "q_norm.weight",), "replicated"
+                )
+            )
+            maps.append(
+                _Map(
+                    m + "self_attention.k_layernorm.weight", (att + "k_norm.weight",), "replicated"
+                )
+            )
+    if model.post_process:
+        maps.append(_Map("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
+        if not (spec.tied_embeddings and model.pre_process):
+            # Untied: lm_head. Tied with PP > 1: the last stage keeps its own copy of the
+            # embedding (Megatron keeps the two in sync through the embedding group).
+            src = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
+            maps.append(_Map("output_layer.weight", (src,), "vocab"))
+    return maps
+
+
+def _interleave_qkv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: ModelSpec
+) -> torch.Tensor:
+    g, d = spec.num_kv_heads, spec.head_dim
+    rest = q.shape[1:]
+    parts = [
+        q.reshape(g, spec.num_heads // g * d, *rest),
+        k.reshape(g, d, *rest),
+        v.reshape(g, d, *rest),
+    ]
+    return torch.cat(parts, dim=1).reshape(-1, *rest)
+
+
+def _split_qkv(full: torch.Tensor, spec: ModelSpec) -> list[torch.Tensor]:
+    g, d = spec.num_kv_heads, spec.head_dim
+    per_group = spec.num_heads // g * d
+    rest = full.shape[1:]
+    grouped = full.reshape(g, per_group + 2 * d, *rest)
+    q, k, v = torch.split(grouped, [per_group, d, d], dim=1)
+    return [t.reshape(-1, *rest) for t in (q, k, v)]
+
+
+def _pad_vocab(t: torch.Tensor, spec: ModelSpec) -> torch.Tensor:
+    if t.shape[0] == spec.padded_vocab_size:
+        return t
+    pad = t.new_zeros(spec.padded_vocab_size - t.shape[0], *t.shape[1:])
+    return torch.cat([t, pad], dim=0)
+
+
+def hf_to_local(
+    kind: str, hf: list[torch.Tensor], spec: ModelSpec, tp: int, rank: int
+) -> torch.Tensor:
+    """This TP rank's Megatron tensor from the full HF tensor(s) of one parameter.
+
+    Example:
+        >>> import torch
+        >>> hf_to_local("row", [torch.arange(4.0).reshape(1, 4)], None, 2, 1)
+        tensor([[2., 3.]])
+    """
+    if kind == "replicated":
+        return hf[0]
+    if kind == "column":
+        return hf[0].chunk(tp, dim=0)[rank]
+    if kind == "row":
+        return hf[0].chunk(tp, dim=1)[rank]
+    if kind == "vocab":
+        return _pad_vocab(hf[0], spec).chunk(tp, dim=0)[rank]
+    if kind == "qkv":
+        q, k, v = hf
+        return _interleave_qkv(q, k, v, spec).chunk(tp, dim=0)[rank]
+    if kind == "fc1":
+        gate, up = hf
+        return torch.cat([gate.chunk(tp, dim=0)[rank], up.chunk(tp, dim=0)[rank]], dim=0)
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def local_to_hf(kind: str, shards: list[torch.Tensor], spec: ModelSpec) -> list[torch.Tensor]:
+    """The full HF tensor(s) of one parameter from its Megatron slices on every TP rank.
+
+    Example:
+        >>> import torch
+        >>> local_to_hf("row", [torch.zeros(1, 2), torch.ones(1, 2)], None)
+        [tensor([[0., 0., 1., 1.]])]
+    """
+    if kind == "replicated":
+        return [shards[0]]
+    if kind == "column":
+        return [torch.cat(shards, dim=0)]
+    if kind == "row":
+        return [torch.cat(shards, dim=1)]
+    if kind == "vocab":
+        return [torch.cat(shards, dim=0)[: spec.vocab_size]]
+    if kind == "qkv":
+        return _split_qkv(torch.cat(shards, dim=0), spec)
+    if kind == "fc1":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    raise ValueError(f"unknown kind {kind!r}")
+
+
+def _weight_files(folder: Path) -> list[Path]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise TrainerError(f"no *.safetensors in {folder}: pass an HF checkpoint folder")
+    return files
+
+
+def read_hf_state(folder: str | Path, names: set[str] | None = None) -> dict[str, torch.Tensor]:
+    """The tensors of an HF safetensors checkpoint (only ``names`` if given).
+
+    Example:
+        >>> sd = read_hf_state("ckpt/hf", {"model.norm.weight"})  # doctest: +SKIP
+    """
+    out: dict[str, torch.Tensor] = {}
+    for path in _weight_files(Path(folder)):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
+                if names is None or key in names:
+                    out[key] = f.get_tensor(key)
+    return out
+
+
+def _unwrap(model: Any) -> Any:
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+@torch.no_grad()
+def load_hf_weights(model: Any, folder: str | Path) -> None:
+    """Copy an HF checkpoint into this rank's Megatron model stage (its TP slice).
+
+    Raises :class:`TrainerError` when a tensor is missing or has the wrong shape.
+
+    Example:
+        >>> load_hf_weights(model, "ckpt/hf")  # doctest: +SKIP
+    """
+    from megatron.core import parallel_state as ps
+
+    model = _unwrap(model)
+    spec: ModelSpec = model.hf_spec
+    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
+    maps = _param_maps(model)
+    wanted = {n for m in maps for n in m.hf}
+    state = read_hf_state(folder, wanted)
+    missing = sorted(wanted - state.keys())
+    if missing:
+        raise TrainerError(
+            f"HF checkpoint {folder} lacks tensors {missing[:5]} (…{len(missing)} in all)"
+        )
+    params = dict(model.named_parameters())
+    for m in maps:
+        local = hf_to_local(m.kind, [state[n] for n in m.hf], spec, tp, rank)
+        param = params[m.mcore]
+        if tuple(local.shape) != tuple(param.shape):
+            raise TrainerError(
+                f"{m.mcore}: HF {m.hf} gives shape {tuple(local.shape)} on TP rank {rank}, "
+                f"model has {tuple(param.shape)}: does the config match the weights?"
+            )
+        param.copy_(local.to(param.dtype))
+
+
+def _gather_tp(t: torch.Tensor) -> list[torch.Tensor]:
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    if tp == 1:
+        return [t]
+    shards = [torch.empty_like(t) for _ in range(tp)]
+    dist.all_gather(shards, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+    return shards
+
+
+@torch.no_grad()
+def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
+    """The full HF state dict of the model, on global rank 0 (``None`` elsewhere).
+
+    Every rank must call it (it gathers over TP and PP).
+
+    Example:
+        >>> sd = hf_state_dict(model)  # doctest: +SKIP
+    """
+    from megatron.core import parallel_state as ps
+
+    model = _unwrap(model)
+    spec: ModelSpec = model.hf_spec
+    params = dict(model.named_parameters())
+    stage: dict[str, torch.Tensor] = {}
+    for m in _param_maps(model):
+        shards = _gather_tp(params[m.mcore].detach())
+        if m.mcore == "output_layer.weight" and spec.tied_embeddings:
+            continue  # the last stage's copy of the tied embedding is not an HF tensor
+        for name, t in zip(m.hf, local_to_hf(m.kind, shards, spec), strict=True):
+            stage[name] = t.cpu().contiguous()
+    if ps.get_pipeline_model_parallel_world_size() == 1:
+        return stage if dist.get_rank() == 0 else None
+    group = ps.get_pipeline_model_parallel_group()
+    dst = dist.get_global_rank(group, 0)
+    gathered: list[Any] = [None] * dist.get_world_size(group) if dist.get_rank() == dst else []
+    dist.gather_object(stage, gathered if dist.get_rank() == dst else None, dst=dst, group=group)
+    if dist.get_rank() != 0:
+        return None
+    merged: dict[str, torch.Tensor] = {}
+    for part in gathered:
+        merged.update(part)
+    return merged
+
+
+def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path | None:
+    """Write the model as an HF checkpoint shaped like the checkpoint folder ``like``.
+
+    Same tensor names and dtypes as ``like``; its config, tokenizer and other non-weight
+    files are copied. Collective: every rank calls it; global rank 0 writes. Returns the
+    folder on rank 0, ``None`` elsewhere.
+
+    Example:
+        >>> export_hf(model, "runs/x/hf_step_10", like="ckpt/hf")  # doctest: +SKIP
+        PosixPath('runs/x/hf_step_10')
+    """
+    state = hf_state_dict(model)
+    if state is None:
+        return None
+    like, out = Path(like), Path(out_folder)
+    dtypes: dict[str, str] = {}
+    for path in _weight_files(like):
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():  # noqa: SIM118
+                dtypes[key] = f.get_slice(key).get_dtype()
+    if set(dtypes) != set(state):
+        raise TrainerError(
+            f"export to {out}: tensors differ from {like}: missing "
+            f"{sorted(set(dtypes) - set(state))[:5]}, extra {sorted(set(state) - set(dtypes))[:5]}"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    for item in like.iterdir():
+        if (
+            item.is_file()
+            and not item.name.endswith(".safetensors")
+            and item.name != "model.safetensors.index.json"
+        ):
+            shutil.copy2(item, out / item.name)
+    tensors = {k: v.to(_SAFETENSORS_DTYPES[str(dtypes[k])]) for k, v in state.items()}
+    tmp = out / (WEIGHTS_NAME + ".tmp")
+    save_file(tensors, str(tmp), metadata={"format": "pt"})
+    tmp.replace(out / WEIGHTS_NAME)  # atomic: a reader never sees a half-written file
+    return out

@@ -1,0 +1,255 @@
+"""Megatron-core GPT models built from Hugging Face configs (Llama, Qwen2, Qwen3).
+
+:func:`model_spec_from_hf` reads an HF config into a small :class:`ModelSpec` (and refuses
+what cannot be mapped exactly); :func:`megatron_config_from_hf` turns it into a Megatron
+``TransformerConfig``; :func:`build_gpt_model` builds this rank's pipeline stage as a
+:class:`PolicyGPTModel`, which can return final hidden states instead of logits so that
+log-probs are computed in chunks (:mod:`vime.trainer.logprobs`).
+
+Example:
+    >>> from transformers import Qwen2Config
+    >>> spec = model_spec_from_hf(Qwen2Config(vocab_size=500, num_hidden_layers=2))
+    >>> spec.family, spec.qkv_bias, spec.padded_vocab_size
+    ('qwen2', True, 512)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from vime.errors import UnsupportedArchitectureError
+
+SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
+# Vocab rows are padded to a multiple of this, independent of TP, so that checkpoints keep
+# one shape across TP sizes (Llama and Qwen vocabularies are already multiples of it).
+VOCAB_PAD_MULTIPLE = 128
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The facts of an HF decoder that the Megatron model and the weight mapping need."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    ffn_hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    padded_vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tied_embeddings: bool
+    qkv_bias: bool
+    qk_norm: bool
+
+
+def _rope_theta(cfg: Any) -> float:
+    params = getattr(cfg, "rope_parameters", None) or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ("default", None):
+        raise UnsupportedArchitectureError(
+            f"rope_parameters.rope_type={rope_type!r} is not supported (only plain RoPE); "
+            "use a checkpoint without rope scaling"
+        )
+    scaling = getattr(cfg, "rope_scaling", None)
+    if scaling and scaling.get("rope_type", scaling.get("type")) not in ("default", None):
+        raise UnsupportedArchitectureError(f"rope_scaling={scaling} is not supported")
+    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
+    return float(theta if theta is not None else 10000.0)
+
+
+def model_spec_from_hf(cfg: Any) -> ModelSpec:
+    """Read an HF ``PretrainedConfig`` into a :class:`ModelSpec`, or raise.
+
+    Raises :class:`UnsupportedArchitectureError` (listing the supported families) for any
+    model type or option that the Megatron model would not reproduce exactly.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> model_spec_from_hf(LlamaConfig(num_hidden_layers=1)).num_layers
+        1
+    """
+    family = getattr(cfg, "model_type", None)
+    if family not in SUPPORTED_FAMILIES:
+        raise UnsupportedArchitectureError(
+            f"model_type={family!r} (architectures={getattr(cfg, 'architectures', None)}) is not "
+            f"supported; supported model types: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise UnsupportedArchitectureError(
+            f"hidden_act={cfg.hidden_act!r}: only 'silu' is supported"
+        )
+    if getattr(cfg, "mlp_bias", False):
+        raise UnsupportedArchitectureError(
+            "mlp_bias=True is not supported (Llama default is False)"
+        )
+    if getattr(cfg, "use_sliding_window", False):
+        raise UnsupportedArchitectureError("use_sliding_window=True is not supported")
+    attention_bias = bool(getattr(cfg, "attention_bias", False))
+    if family == "llama" and attention_bias:
+        # Llama's attention_bias also puts a bias on o_proj, which Megatron can only express
+        # together with biases on every linear layer.
+        raise UnsupportedArchitectureError("llama attention_bias=True is not supported")
+    heads = int(cfg.num_attention_heads)
+    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
+    vocab = int(cfg.vocab_size)
+    return ModelSpec(
+        family=family,
+        num_layers=int(cfg.num_hidden_layers),
+        hidden_size=int(cfg.hidden_size),
+        ffn_hidden_size=int(cfg.intermediate_size),
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=vocab,
+        padded_vocab_size=math.ceil(vocab / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE,
+        rms_norm_eps=float(cfg.rms_norm_eps),
+        rope_theta=_rope_theta(cfg),
+        max_position_embeddings=int(cfg.max_position_embeddings),
+        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        # Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias=True.
+        qkv_bias=family == "qwen2" or (family == "qwen3" and attention_bias),
+        qk_norm=family == "qwen3",
+    )
+
+
+def megatron_config_from_hf(
+    cfg: Any, *, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32
+) -> Any:
+    """A Megatron ``TransformerConfig`` equivalent to HF config ``cfg``.
+
+    Dropout is 0 and every fused kernel is off: the model must reproduce HF (and vLLM)
+    numerics, and the fused paths need CUDA extensions.
+
+    Example:
+        >>> from transformers import Qwen3Config
+        >>> megatron_config_from_hf(Qwen3Config(num_hidden_layers=2)).qk_layernorm
+        True
+    """
+    from megatron.core.transformer import TransformerConfig
+
+    spec = cfg if isinstance(cfg, ModelSpec) else model_spec_from_hf(cfg)
+    if spec.num_kv_heads % tp != 0:
+        raise UnsupportedArchitectureError(
+            f"num_key_value_heads={spec.num_kv_heads} is not divisible by trainer.tp={tp}; "
+            "choose a tp that divides it"
+        )
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
+        apply_rope_fusion=False,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=True,
+        # Per-token loss normalisation is done by vime's losses (see vime.trainer.losses).
+        calculate_per_token_loss=True,
+    )
+
+
+def _policy_model_class() -> type:
+    from megatron.core.models.gpt import GPTModel
+
+    class PolicyGPTModel(GPTModel):
+        """A ``GPTModel`` that can return final (normed) hidden states instead of logits.
+
+        With ``return_hidden=True`` the last pipeline stage returns ``[seq, batch, hidden]``
+        after the final RMSNorm, and :meth:`output_weight` gives this TP rank's vocab slice
+        of the output projection, so log-probs can be computed chunk by chunk.
+        """
+
+        return_hidden: bool = False
+
+        def _postprocess(self, hidden_states, **kwargs):  # type: ignore[override]
+            if self.post_process and self.return_hidden:
+                return hidden_states
+            return super()._postprocess(hidden_states=hidden_states, **kwargs)
+
+        def output_weight(self) -> torch.Tensor:
+            """This rank's ``[vocab / tp, hidden]`` output projection (shared if tied)."""
+            if self.share_embeddings_and_output_weights:
+                return self.shared_embedding_or_output_weight()
+            return self.output_layer.weight
+
+    return PolicyGPTModel
+
+
+_POLICY_CLASS: type | None = None
+
+
+def policy_model_class() -> type:
+    """The :class:`PolicyGPTModel` class (created lazily so importing vime stays cheap).
+
+    Example:
+        >>> policy_model_class().__name__  # doctest: +SKIP
+        'PolicyGPTModel'
+    """
+    global _POLICY_CLASS
+    if _POLICY_CLASS is None:
+        _POLICY_CLASS = _policy_model_class()
+    return _POLICY_CLASS
+
+
+def build_gpt_model(cfg: Any, *, dtype: torch.dtype = torch.float32) -> Any:
+    """Build this rank's stage of the Megatron GPT model for HF config ``cfg``.
+
+    Needs :func:`vime.trainer.parallel.init_distributed` first (TP/PP sizes come from it).
+    Weights are random until :func:`vime.trainer.hf.load_hf_weights`.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> model = build_gpt_model(LlamaConfig(num_hidden_layers=1))  # doctest: +SKIP
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    spec = model_spec_from_hf(cfg)
+    tp = ps.get_tensor_model_parallel_world_size()
+    pp = ps.get_pipeline_model_parallel_world_size()
+    config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype)
+    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    model = policy_model_class()(
+        config=config,
+        transformer_layer_spec=layer_spec,
+        vocab_size=spec.padded_vocab_size,
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=ps.is_pipeline_first_stage(),
+        post_process=ps.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=spec.tied_embeddings,
+        position_embedding_type="rope",
+        rotary_base=spec.rope_theta,
+    )
+    model.hf_spec = spec
+    return model

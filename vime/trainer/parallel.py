@@ -1,0 +1,135 @@
+"""Process groups for the trainer: torch.distributed + Megatron's model-parallel state.
+
+One entry point, :func:`init_distributed`, works in three situations:
+
+- a plain Python process (the CPU default): world size 1, a free local port is picked;
+- under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` set);
+- under ``torch.multiprocessing.spawn`` where the caller set those variables per rank.
+
+gloo is used without CUDA (with the shims of :mod:`vime.trainer.compat`), NCCL with it.
+
+Example:
+    >>> from vime.trainer.parallel import init_distributed, destroy_distributed
+    >>> init_distributed(tp=1, pp=1)  # doctest: +SKIP
+    ParallelInfo(rank=0, world_size=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0)
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vime.errors import TrainerError
+from vime.trainer.compat import apply_cpu_shims, cuda_available
+
+
+@dataclass(frozen=True)
+class ParallelInfo:
+    """This rank's place in the TP × PP × DP grid."""
+
+    rank: int
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on localhost.
+
+    Example:
+        >>> 0 < free_port() < 65536
+        True
+    """
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
+    """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups.
+
+    Calling it again with other sizes rebuilds the Megatron groups on the same world
+    (e.g. a test that loads a TP=2 checkpoint at TP=1 in one process).
+
+    Example:
+        >>> info = init_distributed()  # doctest: +SKIP
+        >>> info.world_size  # doctest: +SKIP
+        1
+    """
+    from megatron.core import parallel_state as ps
+
+    apply_cpu_shims()
+    if not dist.is_initialized():
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            if world > 1:
+                raise TrainerError(
+                    "MASTER_PORT is not set but WORLD_SIZE > 1: launch with torchrun or set "
+                    "MASTER_ADDR/MASTER_PORT for every rank"
+                )
+            os.environ["MASTER_PORT"] = str(free_port())
+        if cuda_available():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+        backend = "nccl" if cuda_available() else "gloo"
+        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+    world = dist.get_world_size()
+    if tp < 1 or pp < 1 or world % (tp * pp) != 0:
+        raise TrainerError(
+            f"trainer.tp={tp} × trainer.pp={pp} must divide the world size {world}; "
+            "change tp/pp or the number of launched processes"
+        )
+    if ps.model_parallel_is_initialized():
+        same = (
+            ps.get_tensor_model_parallel_world_size() == tp
+            and ps.get_pipeline_model_parallel_world_size() == pp
+        )
+        if not same:
+            ps.destroy_model_parallel()
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    return parallel_info()
+
+
+def parallel_info() -> ParallelInfo:
+    """The current rank's grid coordinates (after :func:`init_distributed`).
+
+    Example:
+        >>> parallel_info().tp  # doctest: +SKIP
+        1
+    """
+    from megatron.core import parallel_state as ps
+
+    return ParallelInfo(
+        rank=dist.get_rank(),
+        world_size=dist.get_world_size(),
+        tp=ps.get_tensor_model_parallel_world_size(),
+        pp=ps.get_pipeline_model_parallel_world_size(),
+        dp=ps.get_data_parallel_world_size(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+    )
+
+
+def destroy_distributed() -> None:
+    """Tear down Megatron's groups and the default process group.
+
+    Example:
+        >>> destroy_distributed()  # doctest: +SKIP
+    """
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
