@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import enum
 import math
+import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -25,7 +26,7 @@ Message = dict[str, Any]
 """One OpenAI chat message: ``{"role": "user", "content": "..."}`` (plus ``tool_calls`` etc.)."""
 
 
-class EpisodeStatus(str, enum.Enum):
+class EpisodeStatus(enum.StrEnum):
     """How an episode ended.
 
     - ``completed``: the env said ``terminated`` (the task is over, reward is final).
@@ -59,6 +60,9 @@ class SamplingParams:
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)
     seed: int | None = None
+    # Engine-specific request fields passed through as-is, e.g. vLLM's
+    # {"structured_outputs": {"regex": ...}} or {"repetition_penalty": 1.1}.
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0):
@@ -123,6 +127,8 @@ class Turn:
     reward: float = 0.0
     latency_s: float = 0.0
     env_step_s: float = 0.0
+    num_tool_calls: int = 0
+    num_parse_errors: int = 0
 
 
 @dataclass
@@ -154,6 +160,8 @@ class Episode:
     messages: list[Message] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
+    # Unique id of this episode: the DataBuffer de-duplicates on it.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
 
     def __post_init__(self) -> None:
         self.status = EpisodeStatus(self.status)
