@@ -1,0 +1,100 @@
+"""Metrics: one JSON line per step in the run folder, plus a reward-curve PNG.
+
+JSONL is the source of truth (append-only, greppable, survives a kill); plots and the
+live console view are derived from it.
+
+Example:
+    >>> import tempfile, pathlib
+    >>> d = pathlib.Path(tempfile.mkdtemp())
+    >>> log = MetricsLog(d / "metrics.jsonl")
+    >>> log.write(step=1, metrics={"reward/mean": 0.5})
+    >>> [r["reward/mean"] for r in log.read()]
+    [0.5]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLog:
+    """Append-only JSONL metrics file: ``{"step": n, "time": t, **metrics}`` per line."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        """Append one record and flush it to disk (a killed run keeps every written step)."""
+        record = {"step": step, "time": time.time(), **_jsonable(metrics)}
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def read(self) -> list[dict[str, Any]]:
+        """All complete records; a torn last line (killed mid-write) is ignored."""
+        if not self.path.exists():
+            return []
+        records = []
+        for line in self.path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+        return records
+
+
+def _jsonable(metrics: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in metrics.items():
+        if hasattr(v, "item"):
+            v = v.item()
+        if isinstance(v, float) and not math.isfinite(v):
+            v = None
+        out[k] = v
+    return out
+
+
+def plot_curves(
+    records: Sequence[dict[str, Any]],
+    out: str | Path,
+    keys: Iterable[str] = ("reward/mean", "eval/reward"),
+    title: str = "vime training",
+) -> Path | None:
+    """Save a PNG with one panel per metric key that appears in ``records``.
+
+    Returns the path, or None when none of the keys has data yet.
+
+    Example:
+        >>> plot_curves([{"step": 1, "reward/mean": 0.1}], "/tmp/curve.png")  # doctest: +SKIP
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display on servers
+    import matplotlib.pyplot as plt
+
+    present = [k for k in keys if any(r.get(k) is not None for r in records)]
+    if not present:
+        return None
+    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.6 * len(present)), squeeze=False)
+    for ax, key in zip(axes[:, 0], present, strict=True):
+        pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel("step")
+    axes[0, 0].set_title(title)
+    fig.tight_layout()
+    out = Path(out)
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, out)  # a reader never sees a half-written PNG
+    return out

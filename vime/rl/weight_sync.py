@@ -1,0 +1,118 @@
+"""Weight sync: the trainer's weights into every running vLLM engine.
+
+A sync is one version bump: the trainer publishes its weights once, then every engine
+loads them (paused around the swap) and is told the new version. A failed engine is
+retried with backoff; if it still fails, :class:`WeightSyncError` stops the run,
+because training on from an engine with stale weights would silently poison the data.
+
+Transports:
+- ``disk`` (CPU and GPU): HF safetensors export, then each engine's
+  ``/collective_rpc reload_weights``. Implemented here.
+- ``nccl`` / ``ipc`` (GPU): vLLM's weight-transfer engine. They fit the same
+  :class:`WeightSync` interface (``sync(version)``) and are left for the GPU issue.
+
+Example:
+    >>> sync = DiskWeightSync(exporter=trainer, engines=[client], folder=run / "weights")  # doctest: +SKIP
+    >>> sync.sync(version=3)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from vime.errors import EngineError, WeightSyncError
+
+
+class HFExporter(Protocol):
+    """Anything that can write its weights as an HF folder (the trainer)."""
+
+    def export_hf(self, out: str | Path) -> Path: ...
+
+
+class WeightTarget(Protocol):
+    """One engine that can load an HF folder as a new weight version (``EngineClient``)."""
+
+    url: str
+
+    def update_weights_from_disk(self, path: str | Path, version: int) -> None: ...
+
+    def get_weight_version(self) -> int | None: ...
+
+
+class WeightSync(Protocol):
+    """Push the trainer's current weights to every engine as ``version``."""
+
+    def sync(self, version: int) -> dict[str, float]: ...
+
+
+class DiskWeightSync:
+    """Sync through an HF export on disk and each engine's reload endpoint.
+
+    ``keep`` older exports are kept (the newest is always kept: an engine restarted
+    later reloads from it).
+    """
+
+    def __init__(
+        self,
+        exporter: HFExporter,
+        engines: Sequence[WeightTarget],
+        folder: str | Path,
+        *,
+        attempts: int = 3,
+        keep: int = 1,
+    ) -> None:
+        self.exporter = exporter
+        self.engines = list(engines)
+        self.folder = Path(folder)
+        self.attempts = attempts
+        self.keep = keep
+        self.latest: Path | None = None
+
+    def sync(self, version: int) -> dict[str, float]:
+        """Export once, load into every engine, verify; returns timings in seconds."""
+        t0 = time.perf_counter()
+        target = self.folder / f"v{version:06d}"
+        if target.exists():
+            shutil.rmtree(target)
+        self.exporter.export_hf(target)
+        t_export = time.perf_counter() - t0
+        for engine in self.engines:
+            self._load(engine, target, version)
+        self.latest = target
+        self._prune()
+        return {"sync/export_s": t_export, "sync/total_s": time.perf_counter() - t0}
+
+    def _load(self, engine: WeightTarget, path: Path, version: int) -> None:
+        try:
+            for attempt in Retrying(
+                stop=stop_after_attempt(self.attempts),
+                wait=wait_exponential(multiplier=0.5, max=8),
+                retry=retry_if_exception_type((EngineError, OSError)),
+                reraise=True,
+            ):
+                with attempt:
+                    engine.update_weights_from_disk(path, version)
+                    reported = engine.get_weight_version()
+                    if reported is not None and reported != version:
+                        raise EngineError(
+                            f"engine {engine.url} reports weight version {reported} after "
+                            f"loading version {version}"
+                        )
+        except (EngineError, OSError) as err:
+            raise WeightSyncError(
+                f"weight sync to {engine.url} failed after {self.attempts} attempts "
+                f"(version {version}, from {path}): {err}. The run stops here rather than "
+                "train on from stale engine weights; resume with resume=RUN_DIR once the "
+                "engine is healthy."
+            ) from err
+
+    def _prune(self) -> None:
+        exports = sorted(p for p in self.folder.glob("v*") if p.is_dir())
+        for old in exports[: -max(self.keep, 1)]:
+            shutil.rmtree(old, ignore_errors=True)
