@@ -1,0 +1,307 @@
+"""Task sources: task records from JSONL, Parquet or a list, in a seeded, resumable order.
+
+A task is a dict with at least an ``"id"`` (a string); records without one get a stable
+id derived from their content. :class:`TaskSource` walks the tasks epoch by epoch, each
+epoch in its own seeded shuffle, and records its position so that a resumed run continues
+with exactly the next task (``state_dict`` / ``load_state_dict``).
+
+Example:
+    >>> src = TaskSource([{"q": "1+1"}, {"q": "2+2"}, {"q": "3+3"}], seed=0)
+    >>> first = src.take(2)
+    >>> state = src.state_dict()
+    >>> again = TaskSource([{"q": "1+1"}, {"q": "2+2"}, {"q": "3+3"}], seed=0)
+    >>> again.load_state_dict(state)
+    >>> again.next() == src.next()
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from vime.config import require
+from vime.errors import DataError
+
+Task = dict[str, Any]
+
+
+def load_tasks(
+    source: str | Path | Sequence[Task],
+    *,
+    required: Sequence[str] = (),
+    limit: int | None = None,
+    transform: Callable[[Task], Task] | None = None,
+) -> list[Task]:
+    """Load task records from a ``.jsonl``/``.json`` file, a ``.parquet`` file or a list.
+
+    Every record must be an object; ``required`` fields must be present and not null.
+    ``transform`` maps each record (e.g. a GSM8K row to ``{"question", "answer"}``); a
+    :class:`DataError` or ``KeyError`` it raises is reported with the record's location.
+    An ``"id"`` is kept as a string, or made from a hash of the record when absent.
+
+    Raises:
+        DataError: naming the file, the line (or row) and the field at fault.
+
+    Example:
+        >>> load_tasks([{"id": 7, "question": "2+2?"}])[0]["id"]
+        '7'
+    """
+    if isinstance(source, str | Path):
+        path = Path(source)
+        if not path.exists():
+            raise DataError(f"{path}: task file not found (check the path; cwd is {Path.cwd()})")
+        suffix = path.suffix.lower()
+        if suffix == ".parquet":
+            records = _read_parquet(path)
+            where = "row"
+        elif suffix in (".jsonl", ".json", ".ndjson"):
+            records = _read_jsonl(path)
+            where = "line"
+        else:
+            raise DataError(f"{path}: unknown task file type {suffix!r}; use .jsonl or .parquet")
+        origin = str(path)
+    else:
+        records = [(i, r) for i, r in enumerate(source)]
+        where, origin = "index", "tasks list"
+    tasks: list[Task] = []
+    seen: dict[str, int] = {}
+    for number, record in records:
+        at = f"{origin}: {where} {number}"
+        if not isinstance(record, dict):
+            raise DataError(
+                f'{at}: a task must be an object like {{"id": ..., ...}}, got {type(record).__name__}'
+            )
+        for name in required:
+            if record.get(name) is None:
+                raise DataError(
+                    f"{at}: field {name!r} is missing or null (present: {sorted(record)})"
+                )
+        task = dict(record)
+        if transform is not None:
+            try:
+                task = transform(task)
+            except KeyError as err:
+                raise DataError(f"{at}: field {err.args[0]!r} is missing") from err
+            except (DataError, ValueError, TypeError) as err:
+                raise DataError(f"{at}: {err}") from err
+        if "id" in task:
+            if not isinstance(task["id"], str | int) or isinstance(task["id"], bool):
+                raise DataError(
+                    f"{at}: field 'id' must be a string or integer, got {task['id']!r:.60}"
+                )
+            task["id"] = str(task["id"])
+        else:
+            task["id"] = _content_id(task)
+        count = seen.get(task["id"], 0)
+        seen[task["id"]] = count + 1
+        if count:  # identical records (or repeated ids) stay distinguishable
+            task["id"] = f"{task['id']}-{count}"
+        tasks.append(task)
+        if limit is not None and len(tasks) >= limit:
+            break
+    return tasks
+
+
+def _read_jsonl(path: Path) -> list[tuple[int, Any]]:
+    out = []
+    with path.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                out.append((line_no, json.loads(line)))
+            except json.JSONDecodeError as err:
+                raise DataError(
+                    f"{path}: line {line_no}: invalid JSON ({err.msg} at column {err.colno}); "
+                    "each line must be one JSON object"
+                ) from err
+    return out
+
+
+def _read_parquet(path: Path) -> list[tuple[int, Any]]:
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as err:
+        raise DataError(f"{path}: cannot read as Parquet ({err})") from err
+    return list(enumerate(table.to_pylist()))
+
+
+def _content_id(record: Task) -> str:
+    text = json.dumps(record, sort_keys=True, default=str, ensure_ascii=False)
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:12]
+
+
+@dataclass
+class TaskSourceConfig:
+    """Where tasks come from and in what order.
+
+    Attributes:
+        path: a ``.jsonl`` or ``.parquet`` file; ``""`` means the env's built-in tasks.
+        seed: seeds each epoch's shuffle.
+        shuffle: shuffle each epoch (``False``: file order).
+        epochs: how many passes over the tasks; ``None`` for no end.
+        limit: use only the first ``limit`` records.
+
+    Example:
+        >>> TaskSourceConfig(path="tasks.jsonl", epochs=2).epochs
+        2
+    """
+
+    path: str = ""
+    seed: int = 0
+    shuffle: bool = True
+    epochs: int | None = None
+    limit: int | None = None
+
+    def __post_init__(self) -> None:
+        require(self.epochs is None or self.epochs >= 1, "tasks.epochs", "must be >= 1 or null")
+        require(self.limit is None or self.limit >= 1, "tasks.limit", "must be >= 1 or null")
+
+
+class TaskSource:
+    """An endless (or ``epochs``-long) stream of tasks in a seeded order, resumable exactly.
+
+    Epoch ``e`` visits every task once, in the order of a permutation drawn from
+    ``numpy.random.default_rng([seed, e])``: the order depends only on the seed and the
+    epoch, so a restored position replays nothing and skips nothing.
+
+    Example:
+        >>> src = TaskSource([{"id": "a"}, {"id": "b"}], seed=1, epochs=1)
+        >>> sorted(t["id"] for t in src)
+        ['a', 'b']
+    """
+
+    def __init__(
+        self,
+        tasks: str | Path | Sequence[Task],
+        *,
+        seed: int = 0,
+        shuffle: bool = True,
+        epochs: int | None = None,
+        required: Sequence[str] = (),
+        limit: int | None = None,
+    ) -> None:
+        self.tasks = load_tasks(tasks, required=required, limit=limit)
+        if not self.tasks:
+            raise DataError(f"{tasks if isinstance(tasks, str | Path) else 'tasks list'}: no tasks")
+        self.seed = seed
+        self.shuffle = shuffle
+        self.epochs = epochs
+        self.epoch = 0
+        self.index = 0
+        self._order = self._permutation(0)
+
+    @classmethod
+    def from_config(
+        cls, cfg: TaskSourceConfig, default: Sequence[Task] = (), **kwargs: Any
+    ) -> TaskSource:
+        """Build from a :class:`TaskSourceConfig`; ``default`` is used when ``cfg.path`` is empty.
+
+        Example:
+            >>> TaskSource.from_config(TaskSourceConfig(), default=[{"id": "x"}]).next()["id"]
+            'x'
+        """
+        tasks: str | Sequence[Task] = cfg.path or default
+        return cls(
+            tasks, seed=cfg.seed, shuffle=cfg.shuffle, epochs=cfg.epochs, limit=cfg.limit, **kwargs
+        )
+
+    def __len__(self) -> int:
+        return len(self.tasks)
+
+    def __iter__(self) -> Iterator[Task]:
+        while True:
+            try:
+                yield self.next()
+            except StopIteration:
+                return
+
+    def next(self) -> Task:
+        """The next task (a fresh copy); ``StopIteration`` after the last epoch.
+
+        Example:
+            >>> TaskSource([{"id": "a"}]).next()
+            {'id': 'a'}
+        """
+        if self.index >= len(self.tasks):
+            self.epoch += 1
+            self.index = 0
+            self._order = self._permutation(self.epoch)
+        if self.epochs is not None and self.epoch >= self.epochs:
+            raise StopIteration
+        task = self.tasks[int(self._order[self.index])]
+        self.index += 1
+        return json.loads(json.dumps(task, default=str))  # callers may mutate their copy
+
+    def take(self, n: int) -> list[Task]:
+        """Up to ``n`` next tasks (fewer only when the last epoch ends).
+
+        Example:
+            >>> len(TaskSource([{"id": "a"}, {"id": "b"}]).take(3))
+            3
+        """
+        out = []
+        for _ in range(n):
+            try:
+                out.append(self.next())
+            except StopIteration:
+                break
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position, to save with a checkpoint.
+
+        Example:
+            >>> TaskSource([{"id": "a"}], seed=3).state_dict()["seed"]
+            3
+        """
+        return {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "epoch": self.epoch,
+            "index": self.index,
+            "num_tasks": len(self.tasks),
+            "fingerprint": self.fingerprint(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position; the tasks must be the same as when it was saved.
+
+        Raises:
+            DataError: the task list changed (count or ids), so the position means nothing.
+        """
+        if (
+            state.get("num_tasks") != len(self.tasks)
+            or state.get("fingerprint") != self.fingerprint()
+        ):
+            raise DataError(
+                f"task source state was saved for {state.get('num_tasks')} tasks with fingerprint "
+                f"{state.get('fingerprint')}, but {len(self.tasks)} tasks with fingerprint "
+                f"{self.fingerprint()} are loaded; resume with the same task file and limit"
+            )
+        self.seed = int(state["seed"])
+        self.shuffle = bool(state["shuffle"])
+        self.epoch = int(state["epoch"])
+        self.index = int(state["index"])
+        self._order = self._permutation(self.epoch)
+
+    def fingerprint(self) -> str:
+        """A short hash of the task ids in load order (detects a changed task file)."""
+        h = hashlib.sha1()
+        for task in self.tasks:
+            h.update(task["id"].encode("utf-8") + b"\0")
+        return h.hexdigest()[:16]
+
+    def _permutation(self, epoch: int) -> np.ndarray:
+        if not self.shuffle:
+            return np.arange(len(self.tasks))
+        return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
