@@ -1,0 +1,408 @@
+"""Tools for agent environments: one decorated function is one tool.
+
+:func:`tool` turns a function into a :class:`Tool` whose OpenAI function schema comes
+from the signature (types, defaults) and the docstring (the description, and one line per
+argument under ``Args:``). A :class:`Toolset` validates the arguments of a parsed
+:class:`~vime.types.ToolCall` and runs it; whatever goes wrong (unknown tool, missing or
+mistyped argument, the tool raising) comes back as an observation string, so a policy's
+malformed call never crashes an episode. Tools that need the sandbox take a first
+parameter named ``ctx`` (a :class:`ToolContext`); it is not part of the schema.
+
+Example:
+    >>> @tool
+    ... def add(a: int, b: int = 1) -> str:
+    ...     '''Add two integers.
+    ...
+    ...     Args:
+    ...         a: the first number.
+    ...         b: the second number.
+    ...     '''
+    ...     return str(a + b)
+    >>> add.schema["function"]["parameters"]["required"]
+    ['a']
+    >>> Toolset([add]).call(ToolCall(name="add", arguments={"a": 2}), ToolContext())
+    '3'
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vime.errors import EnvError, SandboxError
+from vime.types import Message, ToolCall
+
+
+class ToolError(Exception):
+    """Raised by a tool for a problem the policy caused; the message becomes the observation."""
+
+
+@dataclass
+class ToolContext:
+    """What tools may use during one episode.
+
+    The sandbox is created only when a tool first reads :attr:`sandbox` (envs whose
+    episodes never touch it pay nothing) and released by :meth:`close`. ``on_acquire``
+    runs once on the new sandbox (e.g. to place task files in the workspace).
+
+    Example:
+        >>> ctx = ToolContext(task={"id": "t1"})
+        >>> ctx.has_sandbox
+        False
+    """
+
+    sandbox_factory: Callable[[], Any] | None = None
+    on_acquire: Callable[[Any], None] | None = None
+    task: dict[str, Any] = field(default_factory=dict)
+    workdir: str = "/workspace"
+    exec_timeout: float = 10.0
+    max_output_chars: int = 4000
+    acquired: bool = False
+    _sandbox: Any = None
+
+    @property
+    def has_sandbox(self) -> bool:
+        """True once a sandbox was acquired (and not yet closed)."""
+        return self._sandbox is not None
+
+    @property
+    def sandbox(self) -> Any:
+        """The episode's sandbox, created on first use."""
+        if self._sandbox is None:
+            if self.sandbox_factory is None:
+                raise EnvError(
+                    "a tool needs a sandbox but this env has no sandbox_factory; "
+                    "construct the env with a sandbox config (e.g. ToolsConfig(image=...))"
+                )
+            sandbox = self.sandbox_factory()
+            try:
+                if self.on_acquire is not None:
+                    self.on_acquire(sandbox)
+            except BaseException:
+                sandbox.close()
+                raise
+            self._sandbox = sandbox
+            self.acquired = True
+        return self._sandbox
+
+    def close(self) -> None:
+        """Release the sandbox if one was acquired. Safe to call twice."""
+        sandbox, self._sandbox = self._sandbox, None
+        if sandbox is not None:
+            sandbox.close()
+
+
+def clip(text: str, limit: int) -> str:
+    """Cut ``text`` to ``limit`` characters, keeping head and tail and saying what was cut.
+
+    Example:
+        >>> clip("abcdefghij", 6)
+        'abc\\n[... 5 characters cut ...]\\nij'
+    """
+    if len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head - 1
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[len(text) - tail :]}"
+
+
+_JSON_TYPES: dict[Any, str] = {
+    str: "string",
+    int: "integer",
+    float: "number",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
+
+
+def _json_schema(annotation: Any, where: str) -> dict[str, Any]:
+    """JSON schema of a parameter annotation (str, int, float, bool, list[X], dict, Literal, X | None)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Literal:
+        values = list(typing.get_args(annotation))
+        return {"type": _JSON_TYPES[type(values[0])], "enum": values}
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(annotation) if a is not type(None)]
+        if len(args) == 1:
+            return _json_schema(args[0], where)
+    if origin is list:
+        (item,) = typing.get_args(annotation) or (str,)
+        return {"type": "array", "items": _json_schema(item, where)}
+    if origin is dict:
+        return {"type": "object"}
+    if annotation in _JSON_TYPES:
+        return {"type": _JSON_TYPES[annotation]}
+    raise TypeError(
+        f"{where}: unsupported annotation {annotation!r}; use str, int, float, bool, "
+        "list[...], dict, Literal[...] or X | None"
+    )
+
+
+_ARG_LINE = re.compile(r"^\s*(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$")
+
+
+def _parse_docstring(doc: str) -> tuple[str, dict[str, str]]:
+    """Split a Google-style docstring into (description, {arg: description})."""
+    doc = inspect.cleandoc(doc or "")
+    description_lines: list[str] = []
+    args: dict[str, str] = {}
+    section = "description"
+    current = None
+    for line in doc.splitlines():
+        stripped = line.strip()
+        if stripped in ("Args:", "Arguments:", "Parameters:"):
+            section = "args"
+            continue
+        if stripped.endswith(":") and stripped[:-1] in ("Returns", "Raises", "Example", "Examples"):
+            section = "other"
+            continue
+        if section == "description":
+            description_lines.append(line)
+        elif section == "args" and stripped:
+            match = _ARG_LINE.match(line)
+            if match and line.startswith("    ") and not line.startswith("        "):
+                current = match.group(1)
+                args[current] = match.group(2).strip()
+            elif current:
+                args[current] = f"{args[current]} {stripped}"
+    description = " ".join(" ".join(description_lines).split())
+    return description, args
+
+
+@dataclass(frozen=True)
+class Tool:
+    """A callable tool with its OpenAI function schema. Build it with :func:`tool`.
+
+    Example:
+        >>> @tool
+        ... def echo(text: str) -> str:
+        ...     '''Repeat the text.'''
+        ...     return text
+        >>> echo.name, echo.schema["type"]
+        ('echo', 'function')
+    """
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    fn: Callable[..., Any]
+    takes_ctx: bool = False
+
+    @property
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI tool entry: ``{"type": "function", "function": {...}}``."""
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.description,
+                "parameters": self.parameters,
+            },
+        }
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        """Check ``arguments`` against the schema; raise :class:`ToolError` saying what is wrong.
+
+        Example:
+            >>> @tool
+            ... def sq(x: int) -> str:
+            ...     '''Square.'''
+            ...     return str(x * x)
+            >>> try:
+            ...     sq.validate({"x": "3"})
+            ... except ToolError as err:
+            ...     print(err)
+            argument 'x' of sq must be integer, got string '3'
+        """
+        if not isinstance(arguments, dict):
+            raise ToolError(
+                f"arguments of {self.name} must be a JSON object, got {type(arguments).__name__}"
+            )
+        props = self.parameters["properties"]
+        unknown = sorted(set(arguments) - set(props))
+        if unknown:
+            raise ToolError(
+                f"{self.name} has no argument(s) {unknown}; its arguments are {sorted(props)}"
+            )
+        missing = [name for name in self.parameters["required"] if name not in arguments]
+        if missing:
+            raise ToolError(f"{self.name} is missing required argument(s) {missing}")
+        out = {}
+        for name, value in arguments.items():
+            out[name] = _check_value(value, props[name], f"argument {name!r} of {self.name}")
+        return out
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+
+def _check_value(value: Any, schema: dict[str, Any], where: str) -> Any:
+    kind = schema.get("type")
+    if "enum" in schema and value not in schema["enum"]:
+        raise ToolError(f"{where} must be one of {schema['enum']}, got {value!r}")
+    ok = {
+        "string": isinstance(value, str),
+        "integer": isinstance(value, int) and not isinstance(value, bool),
+        "number": isinstance(value, int | float) and not isinstance(value, bool),
+        "boolean": isinstance(value, bool),
+        "array": isinstance(value, list),
+        "object": isinstance(value, dict),
+    }.get(str(kind), True)
+    if not ok:
+        got = {
+            str: "string",
+            bool: "boolean",
+            int: "integer",
+            float: "number",
+            list: "array",
+            dict: "object",
+        }
+        type_name = got.get(type(value), type(value).__name__)
+        raise ToolError(f"{where} must be {kind}, got {type_name} {value!r:.60}")
+    if kind == "array" and "items" in schema:
+        return [_check_value(v, schema["items"], f"{where}[{i}]") for i, v in enumerate(value)]
+    return value
+
+
+def tool(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Make ``fn`` a :class:`Tool`: schema from its signature, description from its docstring.
+
+    Parameters without a default are required. A first parameter named ``ctx`` receives
+    the episode's :class:`ToolContext` and is hidden from the schema. The function
+    returns the observation (anything; it is turned into a string).
+
+    Example:
+        >>> @tool(name="shout")
+        ... def upper(text: str) -> str:
+        ...     '''Upper-case the text.
+        ...
+        ...     Args:
+        ...         text: what to shout.
+        ...     '''
+        ...     return text.upper()
+        >>> upper.schema["function"]["parameters"]["properties"]["text"]
+        {'type': 'string', 'description': 'what to shout.'}
+    """
+
+    def build(func: Callable[..., Any]) -> Tool:
+        tool_name = name or func.__name__
+        where = f"@tool {tool_name}"
+        if not re.fullmatch(r"[a-zA-Z0-9_-]{1,64}", tool_name):
+            raise TypeError(f"{where}: a tool name must match [a-zA-Z0-9_-]{{1,64}}")
+        description, arg_docs = _parse_docstring(func.__doc__ or "")
+        if not description:
+            raise TypeError(
+                f"{where}: add a docstring; its first paragraph is the tool description"
+            )
+        hints = typing.get_type_hints(func)
+        params = list(inspect.signature(func).parameters.values())
+        takes_ctx = bool(params) and params[0].name == "ctx"
+        properties: dict[str, Any] = {}
+        required: list[str] = []
+        for p in params[1:] if takes_ctx else params:
+            if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+                raise TypeError(f"{where}: *args/**kwargs cannot be described by a schema")
+            if p.name not in hints:
+                raise TypeError(f"{where}: annotate parameter {p.name!r} with its type")
+            prop = _json_schema(hints[p.name], f"{where}, parameter {p.name!r}")
+            if p.name in arg_docs:
+                prop["description"] = arg_docs[p.name]
+            if p.default is p.empty:
+                required.append(p.name)
+            else:
+                prop["default"] = p.default
+            properties[p.name] = prop
+        parameters = {"type": "object", "properties": properties, "required": required}
+        return Tool(tool_name, description, parameters, func, takes_ctx)
+
+    return build(fn) if fn is not None else build
+
+
+class Toolset:
+    """A named collection of tools that validates and runs tool calls.
+
+    Example:
+        >>> @tool
+        ... def ping() -> str:
+        ...     '''Answer pong.'''
+        ...     return "pong"
+        >>> ts = Toolset([ping])
+        >>> ts.call(ToolCall(name="pong", arguments={}), ToolContext())
+        "error: unknown tool 'pong'; available tools: ping"
+    """
+
+    def __init__(self, tools: Iterable[Tool]) -> None:
+        self.tools: dict[str, Tool] = {}
+        for t in tools:
+            if not isinstance(t, Tool):
+                raise TypeError(f"Toolset: {t!r} is not a Tool; decorate the function with @tool")
+            if t.name in self.tools:
+                raise TypeError(f"Toolset: two tools are named {t.name!r}")
+            self.tools[t.name] = t
+
+    @property
+    def schemas(self) -> list[dict[str, Any]]:
+        """OpenAI schemas of all tools, in the order given (for ``Env.tools``)."""
+        return [t.schema for t in self.tools.values()]
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tools
+
+    def call(self, call: ToolCall, ctx: ToolContext) -> str:
+        """Run one call and return its observation text; problems become ``error: ...`` text.
+
+        Sandbox and env failures (:class:`SandboxError`, :class:`EnvError`) propagate: they
+        are not the policy's fault and must end the episode with an error status.
+        """
+        t = self.tools.get(call.name)
+        if t is None:
+            return f"error: unknown tool {call.name!r}; available tools: {', '.join(self.tools)}"
+        try:
+            kwargs = t.validate(call.arguments)
+            result = t.fn(ctx, **kwargs) if t.takes_ctx else t.fn(**kwargs)
+        except ToolError as err:
+            return f"error: {err}"
+        except (SandboxError, EnvError):
+            raise
+        except Exception as err:  # a tool failing on the policy's input is an observation
+            return f"error: {call.name} raised {type(err).__name__}: {err}"
+        return clip(str(result), ctx.max_output_chars)
+
+
+def tool_message(call: ToolCall, index: int, content: str) -> Message:
+    """The ``role: tool`` message answering ``call`` (ids default to ``call_<index>``).
+
+    Example:
+        >>> tool_message(ToolCall(name="x", arguments={}), 0, "ok")
+        {'role': 'tool', 'tool_call_id': 'call_0', 'name': 'x', 'content': 'ok'}
+    """
+    return {
+        "role": "tool",
+        "tool_call_id": call.id or f"call_{index}",
+        "name": call.name,
+        "content": content,
+    }
+
+
+def parse_error_message(errors: list[str]) -> Message:
+    """A user message telling the policy why its tool calls could not be parsed.
+
+    Example:
+        >>> parse_error_message(["bad JSON"])["role"]
+        'user'
+    """
+    listed = "\n".join(f"- {e}" for e in errors)
+    return {
+        "role": "user",
+        "content": (
+            f"{len(errors)} tool call(s) could not be parsed:\n{listed}\n"
+            'Write each call as <tool_call>{"name": "...", "arguments": {...}}</tool_call>.'
+        ),
+    }
