@@ -1,0 +1,453 @@
+"""The trainer: a Megatron GPT policy, its optimizer and scheduler, and one RL train step.
+
+:class:`Trainer` is deliberately thin. It owns the model (Megatron DDP around a
+:class:`~vime.trainer.model.PolicyGPTModel`), the Megatron optimizer and the LR scheduler;
+the work is done by the modules it calls: batching (packing), logprobs (chunked,
+vocab-parallel), losses (PPO / GSPO / TIS / KL / entropy), checkpoint (dist_checkpointing)
+and hf (weight mapping). The RL loop calls four methods:
+
+    trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4, warmup_steps=5))
+    metrics = trainer.train_step(samples)           # one optimizer step
+    logprobs = trainer.compute_logprobs(samples)    # e.g. for a reference model
+    trainer.export_hf("runs/x/hf/step_1")           # for vLLM's reload_weights
+    trainer.save_checkpoint("runs/x/ckpt/step_1")   # and load_checkpoint to resume
+
+Data parallelism: with ``world / (tp × pp) > 1`` data-parallel ranks, every rank receives
+the same list of samples and trains on its share (``samples[dp_rank::dp]``); gradients are
+summed by Megatron DDP and the loss is normalised over the whole step.
+
+Example:
+    >>> cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=2048)
+    >>> cfg.loss.aggregation
+    'token-mean'
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from vime.config import require, require_choice
+from vime.errors import TrainerError
+from vime.trainer import checkpoint as ckpt
+from vime.trainer.batching import MicroBatch, collate, pack_indices
+from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
+from vime.trainer.hf import export_hf, load_hf_weights
+from vime.trainer.logprobs import token_logprobs
+from vime.trainer.losses import LossConfig, aggregate, denominator_from_counts, policy_loss
+from vime.trainer.model import build_gpt_model
+from vime.trainer.parallel import ParallelInfo, init_distributed
+from vime.types import Sample
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+# Order of the per-step sums that are reduced across micro-batches and ranks.
+_SUMS = ("loss", "loss_tokens", "clipped", "tis_clipped", "kl", "entropy", "abs_diff", "rows")
+
+
+@dataclass
+class TrainerConfig:
+    """Options of the trainer; ``loss`` holds the objective's options.
+
+    ``micro_batch_tokens`` bounds ``rows × longest row`` of a micro-batch;
+    ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once.
+    ``temperature`` must be the sampling temperature of the rollouts.
+
+    Example:
+        >>> TrainerConfig(tp=2).tp
+        2
+    """
+
+    lr: float = 1e-5
+    min_lr: float = 0.0
+    warmup_steps: int = 0
+    lr_decay_steps: int = 0
+    lr_decay_style: str = "constant"
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0
+    micro_batch_tokens: int = 4096
+    logprob_chunk_tokens: int = 1024
+    temperature: float = 1.0
+    tp: int = 1
+    pp: int = 1
+    seed: int = 1234
+    dtype: str = "float32"
+    loss: LossConfig = field(default_factory=LossConfig)
+
+    def __post_init__(self) -> None:
+        require(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
+        require(
+            0 <= self.min_lr <= self.lr, "trainer.min_lr", f"must be in [0, lr], got {self.min_lr}"
+        )
+        require(self.warmup_steps >= 0, "trainer.warmup_steps", "must be >= 0")
+        require(self.lr_decay_steps >= 0, "trainer.lr_decay_steps", "must be >= 0 (0: no decay)")
+        require_choice(
+            self.lr_decay_style, "trainer.lr_decay_style", ["constant", "linear", "cosine"]
+        )
+        require(self.weight_decay >= 0, "trainer.weight_decay", "must be >= 0")
+        require(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0 (0 disables clipping)")
+        require(self.micro_batch_tokens > 0, "trainer.micro_batch_tokens", "must be > 0")
+        require(self.logprob_chunk_tokens > 0, "trainer.logprob_chunk_tokens", "must be > 0")
+        require(
+            self.temperature > 0, "trainer.temperature", "must be > 0 (the rollouts' temperature)"
+        )
+        require(self.tp >= 1 and self.pp >= 1, "trainer.tp/pp", "must be >= 1")
+        require_choice(self.dtype, "trainer.dtype", list(DTYPES))
+        if isinstance(self.loss, dict):
+            self.loss = LossConfig(**self.loss)
+
+
+def _finalize_grads(models: list[Any], num_tokens: Any = None, **kwargs: Any) -> None:
+    """Megatron's grad finalisation without its 1/num_tokens scaling (vime's losses are
+    already normalised over the whole step, see :mod:`vime.trainer.losses`)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(models, None, **kwargs)
+
+
+class Trainer:
+    """A Megatron policy built from an HF checkpoint, with optimizer and scheduler.
+
+    Example:
+        >>> trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4))  # doctest: +SKIP
+        >>> trainer.train_step(samples)["loss"]                    # doctest: +SKIP
+        0.0123
+    """
+
+    def __init__(self, hf_folder: str | Path, config: TrainerConfig | None = None) -> None:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from transformers import AutoConfig
+
+        self.config = config or TrainerConfig()
+        self.hf_folder = Path(hf_folder)
+        if not (self.hf_folder / "config.json").exists():
+            raise TrainerError(f"{self.hf_folder} has no config.json: pass an HF checkpoint folder")
+        self.parallel: ParallelInfo = init_distributed(self.config.tp, self.config.pp)
+        init_rng_tracker(self.config.seed)
+        self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
+        dtype = DTYPES[self.config.dtype]
+        model = build_gpt_model(self.hf_config, dtype=dtype)
+        load_hf_weights(model, self.hf_folder)
+        if cuda_available():
+            model = model.cuda()
+        self.device = torch.device("cuda" if cuda_available() else "cpu")
+        self.spec = model.hf_spec
+        self.mcore_config = model.config
+        self.mcore_config.finalize_model_grads_func = _finalize_grads
+        self.mcore_config.variable_seq_lengths = True  # micro-batches differ in shape
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+        )
+        with cpu_device_scope():
+            self.model = DistributedDataParallel(
+                config=self.mcore_config, ddp_config=ddp_config, module=model
+            )
+            self.optimizer = self._build_optimizer(dtype)
+        self.scheduler = self._build_scheduler()
+        self.step = 0
+
+    # ---- construction -------------------------------------------------------------------
+
+    def _build_optimizer(self, dtype: torch.dtype) -> Any:
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        c = self.config
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=c.lr,
+            min_lr=c.min_lr,
+            weight_decay=c.weight_decay,
+            adam_beta1=c.adam_beta1,
+            adam_beta2=c.adam_beta2,
+            adam_eps=c.adam_eps,
+            clip_grad=c.grad_clip,
+            bf16=dtype == torch.bfloat16,
+            params_dtype=dtype,
+            use_distributed_optimizer=False,
+        )
+        return get_megatron_optimizer(opt_config, [self.model])
+
+    def _build_scheduler(self) -> Any:
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        c = self.config
+        decay = c.lr_decay_steps if c.lr_decay_style != "constant" else 0
+        return OptimizerParamScheduler(
+            self.optimizer,
+            init_lr=0.0,
+            max_lr=c.lr,
+            min_lr=c.min_lr,
+            lr_warmup_steps=c.warmup_steps,
+            # Megatron wants decay steps > warmup steps even for a constant schedule.
+            lr_decay_steps=max(decay, c.warmup_steps + 1),
+            lr_decay_style=c.lr_decay_style,
+            start_wd=c.weight_decay,
+            end_wd=c.weight_decay,
+            wd_incr_steps=0,
+            wd_incr_style="constant",
+        )
+
+    # ---- helpers ---------------------------------------------------------------------------
+
+    @property
+    def module(self) -> Any:
+        """The bare :class:`PolicyGPTModel` (this rank's stage)."""
+        return self.model.module
+
+    def _local_indices(self, samples: Sequence[Sample]) -> list[int]:
+        p = self.parallel
+        if len(samples) < p.dp:
+            raise TrainerError(
+                f"{len(samples)} samples for {p.dp} data-parallel ranks: pass at least one "
+                "sample per data-parallel rank"
+            )
+        return list(range(p.dp_rank, len(samples), p.dp))
+
+    def _micro_batches(
+        self,
+        samples: Sequence[Sample],
+        indices: list[int],
+        old_logprobs: Sequence[Sequence[float]] | None,
+    ) -> list[MicroBatch]:
+        lengths = [len(samples[i].tokens) for i in indices]
+        groups = pack_indices(lengths, self.config.micro_batch_tokens)
+        return [
+            _to_device(
+                collate(samples, [indices[j] for j in g], old_logprobs=old_logprobs), self.device
+            )
+            for g in groups
+        ]
+
+    def _token_logprobs(self, hidden: torch.Tensor, mb: MicroBatch, with_entropy: bool):
+        """``[B, S-1]`` log-probs (and entropies) of the micro-batch's targets."""
+        h = hidden.transpose(0, 1)[:, :-1]  # [S, B, H] → [B, S-1, H]: position t predicts t+1
+        b, s, _ = h.shape
+        lp, ent = token_logprobs(
+            h.reshape(b * s, -1),
+            self.module.output_weight(),
+            mb.targets.reshape(-1),
+            temperature=self.config.temperature,
+            chunk_size=self.config.logprob_chunk_tokens,
+            vocab_size=self.spec.vocab_size,
+            with_entropy=with_entropy,
+        )
+        return lp.view(b, s), ent.view(b, s)
+
+    def _run_schedule(self, mbs: list[MicroBatch], loss_func: Any, forward_only: bool) -> list[Any]:
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        def forward_step(data_iterator: Any, model: Any):
+            mb = next(data_iterator)
+            hidden = model(mb.input_ids, mb.position_ids, mb.attention_mask)
+            return hidden, partial(loss_func, mb)
+
+        self.module.return_hidden = True
+        with cpu_device_scope():
+            return get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(mbs),
+                model=[self.model],
+                num_microbatches=len(mbs),
+                seq_length=max(mb.input_ids.shape[1] for mb in mbs),
+                micro_batch_size=max(mb.input_ids.shape[0] for mb in mbs),
+                forward_only=forward_only,
+            )
+
+    def _reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum over data-parallel ranks and, under PP, from the last stage to all stages."""
+        from megatron.core import parallel_state as ps
+
+        if self.parallel.dp > 1:
+            dist.all_reduce(t, group=ps.get_data_parallel_group())
+        if self.parallel.pp > 1:
+            dist.all_reduce(t, group=ps.get_pipeline_model_parallel_group())
+        return t
+
+    # ---- the step --------------------------------------------------------------------------
+
+    def _loss_func(self, denom: float, mb: MicroBatch, hidden: torch.Tensor):
+        cfg = self.config.loss
+        need_entropy = True  # reported every step; cheap next to the logits themselves
+        logp, entropy = self._token_logprobs(hidden, mb, need_entropy)
+        old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
+        terms = policy_loss(
+            logp,
+            old,
+            mb.rollout_logprobs,
+            mb.advantages,
+            mb.loss_mask,
+            cfg,
+            ref_logp=mb.ref_logprobs,
+            entropy=entropy,
+        )
+        loss = aggregate(terms.per_token, mb.loss_mask, cfg, denom)
+        m = mb.loss_mask
+        sums = torch.stack(
+            [
+                loss.detach(),
+                m.sum(),
+                terms.ppo_clipped.sum(),
+                terms.tis_clipped.sum(),
+                terms.kl.sum(),
+                (entropy.detach() * m).sum(),
+                ((logp.detach() - mb.rollout_logprobs).abs() * m).sum(),
+                torch.tensor(float(len(mb.indices)), device=loss.device),
+            ]
+        ).double()
+        num_tokens = m.sum().to(torch.int)
+        return loss, num_tokens, {"sums": sums}
+
+    def train_step(
+        self, samples: Sequence[Sample], old_logprobs: Sequence[Sequence[float]] | None = None
+    ) -> dict[str, float]:
+        """One optimizer step on ``samples``; returns metrics (the loss is before the update).
+
+        ``old_logprobs`` (one list per sample, aligned with its tokens) are the behaviour
+        log-probs of the PPO ratio, for several updates on one batch; without them the
+        step is on-policy (ratio 1, the policy's own detached log-probs).
+
+        Example:
+            >>> m = trainer.train_step(samples)  # doctest: +SKIP
+            >>> sorted(m)[:3]  # doctest: +SKIP
+            ['clip_frac', 'entropy', 'grad_norm']
+        """
+        t0 = time.perf_counter()
+        local = self._local_indices(samples)
+        counts = torch.tensor(
+            [float(sum(samples[i].num_loss_tokens for i in local)), float(len(local))],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        if self.parallel.dp > 1:
+            from megatron.core import parallel_state as ps
+
+            dist.all_reduce(counts, group=ps.get_data_parallel_group())
+        denom = denominator_from_counts(self.config.loss, counts[0].item(), int(counts[1].item()))
+        mbs = self._micro_batches(samples, local, old_logprobs)
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.model.train()
+        outputs = self._run_schedule(mbs, partial(self._loss_func, denom), forward_only=False)
+        with cpu_device_scope():
+            ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise TrainerError(
+                "optimizer step was skipped (non-finite gradients); lower trainer.lr"
+            )
+        self.scheduler.step(increment=1)
+        self.step += 1
+        sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
+        for out in outputs:
+            sums += out["sums"]
+        s = dict(zip(_SUMS, self._reduce(sums).tolist(), strict=True))
+        tokens = max(s["loss_tokens"], 1.0)
+        return {
+            "loss": s["loss"],
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "clip_frac": s["clipped"] / tokens,
+            "tis_clip_frac": s["tis_clipped"] / tokens,
+            "kl": s["kl"] / tokens,
+            "entropy": s["entropy"] / tokens,
+            "train_rollout_logprob_abs_diff": s["abs_diff"] / tokens,
+            "num_loss_tokens": s["loss_tokens"],
+            "num_tokens": float(sum(len(x.tokens) for x in samples)),
+            "num_samples": s["rows"],
+            "num_micro_batches": float(len(mbs)),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "step_time_s": time.perf_counter() - t0,
+        }
+
+    # ---- log-probs -------------------------------------------------------------------------
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """Per-token log-probs of ``samples`` under the current weights (at the configured
+        temperature), aligned with ``tokens``; position 0 has no prediction and gets 0.0.
+
+        Example:
+            >>> lps = trainer.compute_logprobs(samples)  # doctest: +SKIP
+            >>> len(lps[0]) == len(samples[0].tokens)  # doctest: +SKIP
+            True
+        """
+        local = self._local_indices(samples)
+        mbs = self._micro_batches(samples, local, None)
+
+        def collect(mb: MicroBatch, hidden: torch.Tensor):
+            lp, _ = self._token_logprobs(hidden, mb, with_entropy=False)
+            zero = lp.sum() * 0
+            return zero, torch.tensor(0, dtype=torch.int), {"indices": mb.indices, "lp": lp.cpu()}
+
+        self.model.eval()
+        outputs = self._run_schedule(mbs, collect, forward_only=True)
+        mine: dict[int, list[float]] = {}
+        for out in outputs:
+            for row, i in enumerate(out["indices"]):
+                n = len(samples[i].tokens)
+                mine[i] = [0.0, *out["lp"][row, : n - 1].tolist()]
+        return self._gather_rows(mine, len(samples))
+
+    def _gather_rows(self, mine: dict[int, list[float]], n: int) -> list[list[float]]:
+        from megatron.core import parallel_state as ps
+
+        parts: list[Any] = [mine]
+        if self.parallel.dp > 1 or self.parallel.pp > 1:
+            parts = [None] * dist.get_world_size()
+            dist.all_gather_object(parts, mine)
+        merged: dict[int, list[float]] = {}
+        for p in parts:
+            merged.update(p)
+        if len(merged) != n:
+            raise TrainerError(
+                f"compute_logprobs: got {len(merged)} of {n} rows (pp={ps.get_pipeline_model_parallel_world_size()})"
+            )
+        return [merged[i] for i in range(n)]
+
+    # ---- checkpoints and export ------------------------------------------------------------
+
+    def save_checkpoint(self, folder: str | Path) -> Path:
+        """Save model, optimizer, scheduler, RNG and step (loadable at another TP/PP).
+
+        Example:
+            >>> trainer.save_checkpoint("runs/x/ckpt/step_3")  # doctest: +SKIP
+        """
+        return ckpt.save_checkpoint(
+            folder, self.module, self.optimizer, self.scheduler, step=self.step
+        )
+
+    def load_checkpoint(self, folder: str | Path) -> int:
+        """Restore what :meth:`save_checkpoint` wrote; returns the restored step.
+
+        Example:
+            >>> trainer.load_checkpoint("runs/x/ckpt/step_3")  # doctest: +SKIP
+            3
+        """
+        self.step = ckpt.load_checkpoint(folder, self.module, self.optimizer, self.scheduler)
+        return self.step
+
+    def export_hf(self, folder: str | Path) -> Path | None:
+        """Write HF safetensors (names/dtypes of the input checkpoint) plus its config and
+        tokenizer files to ``folder``, for vLLM's ``reload_weights``. Collective; rank 0 writes.
+
+        Example:
+            >>> trainer.export_hf("runs/x/hf/step_3")  # doctest: +SKIP
+            PosixPath('runs/x/hf/step_3')
+        """
+        return export_hf(self.module, folder, like=self.hf_folder)
+
+
+def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    if device.type == "cpu":
+        return mb
+    for name, value in vars(mb).items():
+        if isinstance(value, torch.Tensor):
+            setattr(mb, name, value.to(device, non_blocking=True))
+    return mb
