@@ -1,0 +1,409 @@
+"""PolicyClient: token ids in, sampled token ids + log-probs out, from one or more vLLM servers.
+
+It uses the ``openai`` SDK's async client on vLLM's ``/v1/completions`` endpoint with the
+prompt given as token ids (``prompt=[ids]``) and vLLM's extra request fields
+(``return_token_ids``), so nothing is re-tokenized on either side. Each result carries
+the sampled ids, the log-prob of each sampled id (``logprobs=0``: the sampled token
+only, which is all the trainer needs; vLLM's ``--logprobs-mode`` decides whether they
+are raw or processed), the finish reason, and the weight version that produced them.
+
+Weight versions: vLLM's completions response does not report one (its
+``/inference/v1/generate`` route does, as spans). The client therefore records the
+version the engine was last synced to, which the weight-sync code reports with
+:meth:`PolicyClient.set_weight_version`; a response that does carry a
+``weight_version`` field wins. A sync landing in the middle of a request is not visible
+here: the version at the request's start is recorded (the older one, so staleness is
+never under-estimated).
+
+Failures: connection errors, timeouts and 5xx responses are retried with exponential
+backoff (``max_attempts``); after that the server is marked down for ``down_s`` seconds
+and :class:`EngineUnavailableError` is raised (the collector aborts that episode). 4xx
+responses are never retried: a prompt longer than the engine's context raises
+:class:`ContextLengthError` (the episode is *truncated*); any other raises
+:class:`~vime.errors.EngineError`.
+
+Load: an episode (``session``) sticks to the server it was first given (prefix-cache
+reuse across its turns); new sessions go to the healthy server with the fewest sessions.
+
+Example:
+    >>> client = PolicyClient(PolicyClientConfig(urls=["http://127.0.0.1:8000"]))  # doctest: +SKIP
+    >>> out = await client.generate([1, 87, 85], SamplingParams(max_tokens=8), session="ep1")  # doctest: +SKIP
+    >>> len(out.token_ids) == len(out.logprobs)  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx2
+import openai
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
+
+from vime.config import require
+from vime.errors import EngineError
+from vime.types import SamplingParams
+
+
+class ContextLengthError(EngineError):
+    """The prompt (plus the requested tokens) does not fit the engine's context window."""
+
+
+class EngineUnavailableError(EngineError):
+    """The engine could not be reached (or kept failing with 5xx) after all retries."""
+
+
+@dataclass
+class PolicyClientConfig:
+    """Where the policy is served and how requests are retried.
+
+    Example:
+        >>> PolicyClientConfig(urls=["http://127.0.0.1:8000"]).max_attempts
+        4
+    """
+
+    urls: list[str] = field(default_factory=list)
+    model: str = ""  # served model name; "" = ask the first server's /v1/models
+    api_key: str = "EMPTY"
+    request_timeout_s: float = 600.0
+    max_attempts: int = 4  # total tries per request on connection errors / 5xx
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 8.0
+    down_s: float = 30.0  # how long a server that failed all retries is avoided
+    max_connections: int = 2048  # per server; keep >= the collector's concurrency
+    top_logprobs: int = 0  # 0: the sampled token's log-prob only
+
+    def __post_init__(self) -> None:
+        require(bool(self.urls), "policy.urls", "give at least one vLLM server URL")
+        for url in self.urls:
+            require(
+                url.startswith(("http://", "https://")),
+                "policy.urls",
+                f"{url!r} must start with http:// or https:// (e.g. http://127.0.0.1:8000)",
+            )
+        require(self.max_attempts >= 1, "policy.max_attempts", "must be >= 1")
+        require(self.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+        require(self.backoff_initial_s >= 0, "policy.backoff_initial_s", "must be >= 0")
+        require(self.max_connections >= 1, "policy.max_connections", "must be >= 1")
+        require(self.top_logprobs >= 0, "policy.top_logprobs", "must be >= 0")
+
+
+@dataclass
+class Completion:
+    """One sampled turn as the engine returned it.
+
+    Example:
+        >>> Completion([5, 2], [-0.1, -0.2], "stop", 3, "http://h:8000").num_tokens
+        2
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str  # "stop" | "length" | "abort"
+    weight_version: int
+    server: str
+    stop_reason: int | str | None = None
+    latency_s: float = 0.0
+    attempts: int = 1
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+_CONTEXT_RE = re.compile(r"maximum context length|max_model_len|context length|too long", re.I)
+
+
+def _retryable(err: BaseException) -> bool:
+    """Connection problems and 5xx are worth retrying; 4xx never are."""
+    if isinstance(err, openai.APIConnectionError):  # includes timeouts
+        return True
+    return isinstance(err, openai.APIStatusError) and err.status_code >= 500
+
+
+class PolicyClient:
+    """Async client for one or more vLLM servers (see the module docstring).
+
+    Example:
+        >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")  # doctest: +SKIP
+        >>> client.set_weight_version("http://127.0.0.1:8000", 7)  # doctest: +SKIP
+    """
+
+    def __init__(self, config: PolicyClientConfig) -> None:
+        self.config = config
+        self.urls = [u.rstrip("/") for u in config.urls]
+        self._clients: dict[str, openai.AsyncOpenAI] = {}
+        self._versions: dict[str, int] = dict.fromkeys(self.urls, 0)
+        self._sessions: dict[str, str] = {}  # session -> url
+        self._load: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions
+        self._down_until: dict[str, float] = dict.fromkeys(self.urls, 0.0)
+        self._rr = 0
+        self._model: str = config.model
+        self._max_model_len: int | None = None
+
+    @classmethod
+    def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
+        """Shortcut for ``PolicyClient(PolicyClientConfig(urls=list(urls), **kwargs))``.
+
+        Example:
+            >>> PolicyClient.from_urls("http://127.0.0.1:8000").urls
+            ['http://127.0.0.1:8000']
+        """
+        return cls(PolicyClientConfig(urls=list(urls), **kwargs))
+
+    # ------------------------------------------------------------------ servers
+
+    def _client(self, url: str) -> openai.AsyncOpenAI:
+        client = self._clients.get(url)
+        if client is None:
+            limits = httpx2.Limits(
+                max_connections=self.config.max_connections,
+                max_keepalive_connections=self.config.max_connections,
+            )
+            # The SDK's own retries are off: tenacity below owns the retry policy.
+            client = openai.AsyncOpenAI(
+                base_url=f"{url}/v1",
+                api_key=self.config.api_key,
+                max_retries=0,
+                timeout=self.config.request_timeout_s,
+                http_client=openai.DefaultAsyncHttpxClient(limits=limits),
+            )
+            self._clients[url] = client
+        return client
+
+    def server_for(self, session: str) -> str:
+        """The server ``session`` is pinned to (assigned on first use: least loaded, healthy).
+
+        Example:
+            >>> PolicyClient.from_urls("http://a:1", "http://b:1").server_for("ep1")
+            'http://a:1'
+        """
+        url = self._sessions.get(session)
+        if url is None:
+            now = time.monotonic()
+            healthy = [u for u in self.urls if self._down_until[u] <= now] or self.urls
+            least = min(self._load[u] for u in healthy)
+            candidates = [u for u in healthy if self._load[u] == least]
+            url = candidates[self._rr % len(candidates)]
+            self._rr += 1
+            self._sessions[session] = url
+            self._load[url] += 1
+        return url
+
+    def release(self, session: str) -> None:
+        """Forget ``session``'s server (call when its episode ends).
+
+        Example:
+            >>> PolicyClient.from_urls("http://a:1").release("ep1")
+        """
+        url = self._sessions.pop(session, None)
+        if url is not None:
+            self._load[url] -= 1
+
+    def set_weight_version(self, url: str, version: int) -> None:
+        """Record that the engine at ``url`` now serves weights ``version`` (weight sync calls this).
+
+        Example:
+            >>> c = PolicyClient.from_urls("http://a:1"); c.set_weight_version("http://a:1", 3)
+            >>> c.weight_version("http://a:1")
+            3
+        """
+        url = url.rstrip("/")
+        if url not in self._versions:
+            raise EngineError(f"set_weight_version: {url!r} is not one of policy.urls {self.urls}")
+        self._versions[url] = int(version)
+
+    def set_weight_version_all(self, version: int) -> None:
+        """Record ``version`` for every server (after a sync to all of them).
+
+        Example:
+            >>> PolicyClient.from_urls("http://a:1").set_weight_version_all(2)
+        """
+        for url in self.urls:
+            self._versions[url] = int(version)
+
+    def weight_version(self, url: str) -> int:
+        """The weight version last recorded for ``url``."""
+        return self._versions[url.rstrip("/")]
+
+    async def model_name(self) -> str:
+        """The served model name (from the config, else the first server's ``/v1/models``)."""
+        if not self._model:
+            await self._fetch_model_card()
+        return self._model
+
+    async def max_model_len(self) -> int | None:
+        """The engine's context window, as reported by ``/v1/models`` (None if unknown)."""
+        if self._max_model_len is None:
+            await self._fetch_model_card()
+        return self._max_model_len
+
+    async def _fetch_model_card(self) -> None:
+        last: Exception | None = None
+        for url in self.urls:
+            try:
+                page = await self._client(url).models.list()
+            except openai.OpenAIError as err:
+                last = err
+                continue
+            card = page.data[0]
+            self._model = self._model or card.id
+            extra = getattr(card, "model_extra", None) or {}
+            if isinstance(extra.get("max_model_len"), int):
+                self._max_model_len = extra["max_model_len"]
+            return
+        raise EngineUnavailableError(f"no policy server answered /v1/models ({self.urls}): {last}")
+
+    # ------------------------------------------------------------------ generation
+
+    def request_body(
+        self, prompt_ids: list[int], params: SamplingParams, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """The JSON body sent to ``/v1/completions`` (also used by the benchmark's raw baseline).
+
+        Example:
+            >>> PolicyClient.from_urls("http://a:1").request_body([1, 2], SamplingParams())["prompt"]
+            [1, 2]
+        """
+        body: dict[str, Any] = {
+            "model": self._model,
+            "prompt": prompt_ids,
+            "max_tokens": max_tokens if max_tokens is not None else params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "logprobs": self.config.top_logprobs,
+            "return_token_ids": True,
+            # The policy may emit special tokens; the collector decodes ids itself anyway.
+            "skip_special_tokens": False,
+        }
+        if params.top_k > 0:
+            body["top_k"] = params.top_k
+        if params.stop:
+            body["stop"] = list(params.stop)
+        if params.seed is not None:
+            body["seed"] = params.seed
+        body.update(params.extra_body)
+        return body
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        session: str,
+        max_tokens: int | None = None,
+    ) -> Completion:
+        """Sample one turn continuing ``prompt_ids`` on ``session``'s server.
+
+        Example:
+            >>> out = await client.generate(ids, SamplingParams(max_tokens=16), session="ep1")  # doctest: +SKIP
+        """
+        if not self._model:
+            await self._fetch_model_card()
+        url = self.server_for(session)
+        version = self._versions[url]
+        body = self.request_body(prompt_ids, params, max_tokens)
+        start = time.perf_counter()
+        attempts = 0
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(self.config.max_attempts),
+                wait=wait_exponential_jitter(
+                    initial=self.config.backoff_initial_s,
+                    max=self.config.backoff_max_s,
+                    jitter=self.config.backoff_initial_s,
+                ),
+                retry=retry_if_exception(_retryable),
+                reraise=True,
+            ):
+                with attempt:
+                    attempts += 1
+                    data = await self._post(url, body)
+        except openai.APIStatusError as err:
+            if err.status_code >= 500:
+                self._down_until[url] = time.monotonic() + self.config.down_s
+                raise EngineUnavailableError(
+                    f"{url}: HTTP {err.status_code} after {attempts} attempts: {_detail(err)}"
+                ) from err
+            if err.status_code in (400, 413) and _CONTEXT_RE.search(_detail(err)):
+                raise ContextLengthError(
+                    f"{url}: prompt of {len(prompt_ids)} tokens does not fit: {_detail(err)}"
+                ) from err
+            raise EngineError(f"{url}: HTTP {err.status_code}: {_detail(err)}") from err
+        except openai.APIConnectionError as err:
+            self._down_until[url] = time.monotonic() + self.config.down_s
+            raise EngineUnavailableError(
+                f"{url}: unreachable after {attempts} attempts ({type(err).__name__}: {err})"
+            ) from err
+        return _parse(data, url, version, time.perf_counter() - start, attempts)
+
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        # Raw response, parsed with json: building the SDK's pydantic objects for every
+        # response (logprobs included) costs client CPU that the engine needs on small hosts.
+        raw = await self._client(url).completions.with_raw_response.create(
+            model=body["model"],
+            prompt=body["prompt"],
+            extra_body={k: v for k, v in body.items() if k not in ("model", "prompt")},
+        )
+        return json.loads(raw.http_response.content)
+
+    async def aclose(self) -> None:
+        """Close the HTTP connections.
+
+        Example:
+            >>> await client.aclose()  # doctest: +SKIP
+        """
+        for client in self._clients.values():
+            await client.close()
+        self._clients.clear()
+
+
+def _detail(err: openai.APIStatusError) -> str:
+    body = err.body
+    if isinstance(body, dict):
+        msg = body.get("message") or body.get("error", {})
+        if isinstance(msg, dict):
+            msg = msg.get("message")
+        if msg:
+            return str(msg)
+    return str(err)
+
+
+def _parse(
+    data: dict[str, Any], url: str, version: int, latency: float, attempts: int
+) -> Completion:
+    try:
+        choice = data["choices"][0]
+        token_ids = choice["token_ids"]
+        logprobs = choice["logprobs"]["token_logprobs"]
+    except (KeyError, IndexError, TypeError) as err:
+        raise EngineError(
+            f"{url}: the completion has no token_ids/logprobs ({err!r}); the server must be "
+            "vLLM with return_token_ids support (vLLM >= 0.10)"
+        ) from err
+    if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
+        raise EngineError(
+            f"{url}: {len(token_ids or [])} token ids but {len(logprobs or [])} log-probs"
+        )
+    if any(lp is None for lp in logprobs):
+        raise EngineError(f"{url}: the engine returned a null log-prob for a sampled token")
+    reported = choice.get("weight_version", data.get("weight_version"))
+    if reported is not None:
+        try:
+            version = int(reported)
+        except (TypeError, ValueError):
+            pass
+    return Completion(
+        token_ids=token_ids,
+        logprobs=logprobs,
+        finish_reason=choice.get("finish_reason") or "stop",
+        weight_version=version,
+        server=url,
+        stop_reason=choice.get("stop_reason"),
+        latency_s=latency,
+        attempts=attempts,
+    )

@@ -1,0 +1,187 @@
+"""Tool-call parsers: assistant text → :class:`~vime.types.Action`.
+
+A parser never raises. Each malformed call becomes one human-readable entry in
+``Action.parse_errors`` that names what was wrong and what a valid call looks like; the
+collector (or the env) answers it as an observation, so a bad call costs the policy a
+turn instead of crashing the episode or poisoning the batch.
+
+Formats:
+
+- ``"hermes"`` (Hermes / Qwen2.5 / Qwen3): ``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
+  any number of them anywhere in the text.
+- ``"llama3_json"`` (Llama 3.1+ JSON tool calling): the whole message is one JSON object
+  ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``), or several
+  separated by ``;``. Text that does not start with ``{`` is plain text, not a call.
+- ``"none"``: no tool calls (plain-text envs such as math).
+
+Example:
+    >>> action = parse_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>')
+    >>> action.tool_calls[0].name, action.tool_calls[0].arguments
+    ('add', {'a': 1})
+    >>> parse_tool_calls("<tool_call>{oops}</tool_call>").parse_errors[0][:40]
+    'tool call 1: the JSON inside <tool_call>'
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from typing import Any
+
+from vime.types import Action, ToolCall
+
+ToolParser = Callable[[str], Action]
+"""A parser: assistant text in, :class:`Action` out (never raises)."""
+
+HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments>}}\n</tool_call>'
+LLAMA3_EXAMPLE = '{"name": "<tool name>", "parameters": {<arguments>}}'
+
+_HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+
+
+def _check_call(obj: Any, index: int, args_key: str, example: str) -> ToolCall | str:
+    """Validate one decoded call; return it, or the error message for the model."""
+    where = f"tool call {index}"
+    if not isinstance(obj, dict):
+        return f"{where}: expected a JSON object, got {type(obj).__name__}. Write: {example}"
+    name = obj.get("name")
+    if not isinstance(name, str) or not name.strip():
+        return f'{where}: missing "name" (a non-empty string). Write: {example}'
+    # Accept both key spellings: models trained on one format often emit the other.
+    args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
+    if isinstance(args, str):
+        # Some models emit arguments as a JSON-encoded string (the OpenAI wire format).
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError:
+            return f'{where} ({name}): "{args_key}" is a string that is not JSON. Write: {example}'
+    if not isinstance(args, dict):
+        return (
+            f'{where} ({name}): "{args_key}" must be a JSON object, got '
+            f"{type(args).__name__}. Write: {example}"
+        )
+    return ToolCall(name=name.strip(), arguments=args, id=f"call_{index}")
+
+
+def parse_hermes(text: str) -> Action:
+    """Parse Hermes/Qwen ``<tool_call>{json}</tool_call>`` blocks.
+
+    Example:
+        >>> parse_hermes('Let me add.<tool_call>\\n{"name": "add", "arguments": {}}\\n</tool_call>').tool_calls[0].name
+        'add'
+    """
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for i, match in enumerate(_HERMES_BLOCK.finditer(text), start=1):
+        body, closing = match.group(1).strip(), match.group(2)
+        if not closing:
+            errors.append(f"tool call {i}: <tool_call> is never closed. Write: {HERMES_EXAMPLE}")
+            continue
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as err:
+            errors.append(
+                f"tool call {i}: the JSON inside <tool_call> is invalid ({err.msg} at "
+                f"char {err.pos}). Write: {HERMES_EXAMPLE}"
+            )
+            continue
+        result = _check_call(obj, i, "arguments", HERMES_EXAMPLE)
+        (calls.append(result) if isinstance(result, ToolCall) else errors.append(result))
+    if not calls and not errors and "</tool_call>" in text:
+        errors.append(f"tool call 1: </tool_call> without <tool_call>. Write: {HERMES_EXAMPLE}")
+    return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+
+def parse_llama3_json(text: str) -> Action:
+    """Parse Llama-3 JSON tool calls: the message is ``{"name":..., "parameters":{...}}``.
+
+    Example:
+        >>> parse_llama3_json('{"name": "add", "parameters": {"a": 1}}').tool_calls[0].arguments
+        {'a': 1}
+        >>> parse_llama3_json("The answer is 4.").tool_calls
+        []
+    """
+    body = text.strip()
+    if body.startswith("<|python_tag|>"):
+        body = body[len("<|python_tag|>") :].strip()
+    if body.endswith("<|eom_id|>") or body.endswith("<|eot_id|>"):
+        body = body[: -len("<|eom_id|>")].strip()
+    if not body.startswith("{"):
+        return Action(text=text)
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    decoder = json.JSONDecoder()
+    pos, index = 0, 1
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError as err:
+            errors.append(
+                f"tool call {index}: invalid JSON ({err.msg} at char {err.pos}). "
+                f"Write: {LLAMA3_EXAMPLE}"
+            )
+            break
+        result = _check_call(obj, index, "parameters", LLAMA3_EXAMPLE)
+        (calls.append(result) if isinstance(result, ToolCall) else errors.append(result))
+        # Several calls are separated by ';' (Llama 3.2 style) or whitespace.
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n;":
+            pos += 1
+        index += 1
+    return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+
+def parse_none(text: str) -> Action:
+    """No tool calls: the whole text is the action (plain-text envs).
+
+    Example:
+        >>> parse_none("\\\\boxed{4}").text
+        '\\\\boxed{4}'
+    """
+    return Action(text=text)
+
+
+PARSERS: dict[str, ToolParser] = {
+    "hermes": parse_hermes,
+    "qwen": parse_hermes,
+    "llama3_json": parse_llama3_json,
+    "none": parse_none,
+}
+
+
+def get_parser(name: str) -> ToolParser:
+    """The parser registered under ``name`` (see :data:`PARSERS`).
+
+    Example:
+        >>> get_parser("hermes") is parse_hermes
+        True
+    """
+    from vime.config import require_choice
+
+    require_choice(name, "collector.tool_parser", PARSERS)
+    return PARSERS[name]
+
+
+def parse_tool_calls(text: str, parser: str = "hermes") -> Action:
+    """Parse ``text`` with the parser named ``parser``.
+
+    Example:
+        >>> parse_tool_calls("no calls here").tool_calls
+        []
+    """
+    return get_parser(parser)(text)
+
+
+def parse_error_message(action: Action) -> str:
+    """The observation that tells the model what was wrong with its tool calls.
+
+    Example:
+        >>> parse_error_message(parse_hermes("<tool_call>{}</tool_call>")).splitlines()[0]
+        'Error: your tool call could not be parsed, so nothing was run.'
+    """
+    if not action.parse_errors:
+        return ""
+    lines = ["Error: your tool call could not be parsed, so nothing was run."]
+    lines += [f"- {e}" for e in action.parse_errors]
+    return "\n".join(lines)
