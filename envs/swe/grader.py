@@ -3,8 +3,9 @@
 It is copied into the *grading* container only, outside the repository, so the agent never
 sees or edits it. It runs each requested unittest id on its own, with the tests' output
 captured, and prints one line ``VIME_GRADE <nonce> <json>`` mapping each id to
-``passed`` / ``failed`` / ``missing``. The nonce is read from stdin (not argv or the
-environment) so code under test cannot easily forge the line; an id that is not
+``passed`` / ``failed`` / ``missing``. The nonce is read from stdin or from a file that
+is deleted at once (never argv or the environment), so code under test cannot easily
+forge the line; an id that is not
 reported counts as failed.
 
 Example (what the env runs inside the grading container):
@@ -39,7 +40,14 @@ def run_one(test_id):
 
 
 def main(argv):
-    nonce = sys.stdin.readline().strip()
+    if argv[:1] == ["--nonce-file"]:
+        # Read and delete it before any repository code is imported.
+        with open(argv[1]) as f:
+            nonce = f.readline().strip()
+        os.remove(argv[1])
+        argv = argv[2:]
+    else:
+        nonce = sys.stdin.readline().strip()
     repo, test_ids = argv[0], argv[1:]
     os.chdir(repo)
     sys.path.insert(0, repo)

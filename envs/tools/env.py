@@ -218,7 +218,6 @@ class ToolsEnv(Env):
         messages: list[Message] = []
         if action.parse_errors:
             self._stats["parse_errors"] += len(action.parse_errors)
-            messages.append(parse_error_message(list(action.parse_errors)))
         if not action.tool_calls and not action.parse_errors:
             return self._finish(last_boxed(action.text or ""), messages, "text")
         for i, call in enumerate(action.tool_calls):
@@ -239,6 +238,9 @@ class ToolsEnv(Env):
             if content.startswith("error:"):
                 self._stats["tool_errors"] += 1
             messages.append(tool_message(call, i, content))
+        if action.parse_errors:
+            # After the tool results: those answer the assistant's well-formed calls directly.
+            messages.append(parse_error_message(list(action.parse_errors)))
         info: dict[str, Any] = {"task_id": str(self.task["id"])}
         if self._turn >= self.config.max_turns:
             info["truncated_by"] = "max_turns"

@@ -1,0 +1,312 @@
+"""vime/SWE-v0: fix a bug in a repository inside a Docker sandbox; hidden tests give the reward.
+
+Each turn the policy calls tools (``bash``, ``str_replace``, ``write_file``) that act on
+its own sandbox; ``submit()`` ends the episode. The reward is computed from the agent's
+final ``git diff`` alone (see :mod:`envs.swe.grading`): applied to a pristine copy of the
+repository in a fresh container, where the hidden tests are added afterwards. A diff that
+touches test files is rejected (reward 0). Per-episode limits: ``max_turns``,
+``max_episode_seconds`` and ``max_total_output_chars`` (hitting one truncates the episode;
+the diff so far is still graded when ``grade_on_truncation``).
+
+The repository sandbox is created on the first tool call (so ``reset`` is cheap) and
+removed when the episode ends, on ``close()`` or on the next ``reset()``.
+
+Example:
+    >>> env = SWEEnv()
+    >>> msgs, info = env.reset(seed=0, options={"task": load_bundled()[0]})
+    >>> info["task_id"]
+    'roman-subtractive'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envs.swe.grading import GradeResult, agent_diff, grade, setup_repo
+from envs.swe.tasks import SWETask, load_bundled
+from envs.swe.tools import SWE_TOOLS
+from envs.tools.toolkit import ToolContext, Toolset, parse_error_message, tool_message
+from vime.config import require
+from vime.envs import Env
+from vime.errors import EnvError
+from vime.sandbox import SandboxConfig
+from vime.types import Action, Message
+
+SYSTEM_PROMPT = """\
+You are a software engineer fixing an issue in the repository at {repo_dir}.
+Use the tools: bash to explore and run commands (e.g. `python3 -m unittest -q`),
+str_replace or write_file to edit files. Do not edit the tests: hidden tests will check
+your fix. When the fix is done, call submit()."""
+
+NO_TOOL_CALL = (
+    "No tool call found in your reply. Call bash(command) to run commands, str_replace(path, "
+    "old_str, new_str) or write_file(path, content) to edit files, and submit() when done."
+)
+
+
+@dataclass
+class SWEConfig:
+    """Settings of :class:`SWEEnv`.
+
+    Example:
+        >>> SWEConfig(max_turns=10).grade_on_truncation
+        True
+    """
+
+    # Turns before the episode is truncated (keep equal to the registered max_turns).
+    max_turns: int = 30
+    # Wall-clock seconds per episode (commands are cut to what is left).
+    max_episode_seconds: float = 600.0
+    # Seconds one bash command may run.
+    command_timeout: float = 30.0
+    # Characters of one tool result shown to the policy (head and tail kept).
+    max_output_chars: int = 4000
+    # Characters of tool output per episode; past it the episode is truncated.
+    max_total_output_chars: int = 100_000
+    # Largest diff that is graded (bytes); bigger is rejected with reward 0.
+    max_diff_bytes: int = 200_000
+    # Seconds the hidden tests may run in the grading container.
+    grade_timeout: float = 120.0
+    # Grade the diff when a limit truncates the episode (else reward 0).
+    grade_on_truncation: bool = True
+    # A jsonl of task records ("" = the bundled suite); used when reset gets no task.
+    tasks_path: str = ""
+    # User for tasks that bring their own image (SWE-bench images keep /testbed root-owned).
+    image_user: str = "0:0"
+    # Sandbox of the agent and of the grader (HOME is moved out of the repository).
+    sandbox: SandboxConfig = field(
+        default_factory=lambda: SandboxConfig(
+            memory="512m", timeout=60.0, env={"HOME": "/tmp"}, labels={"vime.env": "swe"}
+        )
+    )
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sandbox, dict):
+            self.sandbox = SandboxConfig(**self.sandbox)
+        require(self.max_turns >= 1, "swe.max_turns", f"must be >= 1, got {self.max_turns}")
+        require(self.max_episode_seconds > 0, "swe.max_episode_seconds", "must be > 0")
+        require(self.command_timeout > 0, "swe.command_timeout", "must be > 0 seconds")
+        require(self.max_output_chars >= 200, "swe.max_output_chars", "must be >= 200")
+        require(
+            self.max_total_output_chars >= self.max_output_chars,
+            "swe.max_total_output_chars",
+            "must be >= max_output_chars",
+        )
+        require(self.max_diff_bytes >= 1, "swe.max_diff_bytes", "must be >= 1")
+        require(self.grade_timeout > 0, "swe.grade_timeout", "must be > 0 seconds")
+
+
+def load_task_file(path: str | Path) -> list[dict[str, Any]]:
+    """Task records from a jsonl file of vime SWE tasks (``SWETask`` fields per line).
+
+    Example:
+        >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
+    """
+    import json
+
+    from vime.errors import DataError
+
+    records = []
+    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(SWETask.from_record(json.loads(line)).to_record())
+            except (json.JSONDecodeError, DataError, TypeError) as err:
+                raise DataError(f"{path}:{lineno}: {err}") from err
+    return records
+
+
+class SWEEnv(Env):
+    """Repository bug fixing graded by hidden tests (registered as ``vime/SWE-v0``).
+
+    Args:
+        config: an :class:`SWEConfig` (or a dict of its fields); defaults if omitted.
+        **overrides: fields of :class:`SWEConfig` (what ``vime.make(id, **kw)`` passes).
+
+    Example:
+        >>> [t["function"]["name"] for t in SWEEnv().tools]
+        ['bash', 'str_replace', 'write_file', 'submit']
+    """
+
+    def __init__(self, config: SWEConfig | dict[str, Any] | None = None, **overrides: Any) -> None:
+        super().__init__()
+        if isinstance(config, dict):
+            config = SWEConfig(**config)
+        base = config or SWEConfig()
+        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        self.toolset = Toolset(SWE_TOOLS)
+        self.tools = self.toolset.schemas
+        self._tasks: list[dict[str, Any]] | None = None
+        self._ctx = ToolContext()
+        self._swe_task: SWETask | None = None
+        self._base = ""
+        self._turn = 0
+        self._started = 0.0
+        self._output_chars = 0
+        self._stats: dict[str, float] = {}
+
+    # -- sandboxes -------------------------------------------------------------------
+
+    def _sandbox_config(self, task: SWETask) -> SandboxConfig:
+        cfg = self.config.sandbox
+        if task.image:
+            # The repository lives in the image's own filesystem, owned by its user.
+            return dataclasses.replace(
+                cfg, image=task.image, read_only=False, user=self.config.image_user
+            )
+        return cfg
+
+    def _new_sandbox(self) -> Any:
+        from vime.sandbox import DockerSandbox
+
+        assert self._swe_task is not None
+        return DockerSandbox(self._sandbox_config(self._swe_task))
+
+    def _prepare(self, sandbox: Any) -> None:
+        assert self._swe_task is not None
+        self._base = setup_repo(sandbox, self._swe_task, self.config.command_timeout)
+
+    # -- episode ---------------------------------------------------------------------
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Start an episode on ``options["task"]`` (or a task drawn with ``np_random``)."""
+        super().reset(seed=seed, options=options)
+        self._ctx.close()
+        if not self.task:
+            if self._tasks is None:
+                path = self.config.tasks_path
+                self._tasks = load_task_file(path) if path else load_bundled()
+            self.task = dict(self._tasks[int(self.np_random.integers(len(self._tasks)))])
+        try:
+            task = SWETask.from_record(self.task)
+        except Exception as err:
+            raise EnvError(f"bad SWE task record: {err}", task_id=str(self.task.get("id"))) from err
+        self._swe_task = task
+        self._ctx = ToolContext(
+            sandbox_factory=self._new_sandbox,
+            on_acquire=self._prepare,
+            task=self.task,
+            workdir=task.repo_dir,
+            exec_timeout=self.config.command_timeout,
+            max_output_chars=self.config.max_output_chars,
+        )
+        self._base = ""
+        self._turn = 0
+        self._started = time.monotonic()
+        self._output_chars = 0
+        self._stats = {
+            "tool_calls": 0.0,
+            "tool_errors": 0.0,
+            "parse_errors": 0.0,
+            "resolved": 0.0,
+            "rejected": 0.0,
+        }
+        user = f"<issue>\n{task.problem_statement.strip()}\n</issue>"
+        if task.files:
+            listing = "\n".join(sorted(task.files))
+            user += f"\n\nRepository files ({task.repo_dir}):\n{listing}"
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT.format(repo_dir=task.repo_dir)},
+            {"role": "user", "content": user},
+        ]
+        return messages, {"task_id": task.id}
+
+    def _remaining(self) -> float:
+        return self.config.max_episode_seconds - (time.monotonic() - self._started)
+
+    def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        """Run the turn's tool calls; grade on ``submit()`` or when a limit truncates the episode."""
+        self._turn += 1
+        messages: list[Message] = []
+        submitted = False
+        for i, call in enumerate(action.tool_calls):
+            self._stats["tool_calls"] += 1
+            if call.name == "submit":
+                submitted = True
+                messages.append(tool_message(call, i, "submitted; grading your changes"))
+                break
+            # A command may not outlive the episode's wall-time budget.
+            self._ctx.exec_timeout = max(1.0, min(self.config.command_timeout, self._remaining()))
+            content = self.toolset.call(call, self._ctx)
+            self._stats["tool_errors"] += content.startswith("error:")
+            self._output_chars += len(content)
+            messages.append(tool_message(call, i, content))
+        if action.parse_errors:
+            self._stats["parse_errors"] += len(action.parse_errors)
+            messages.append(parse_error_message(list(action.parse_errors)))
+        elif not action.tool_calls:
+            messages.append({"role": "user", "content": NO_TOOL_CALL})
+        if submitted:
+            return self._end(messages, truncated_by="")
+        for limit, hit in (
+            ("max_turns", self._turn >= self.config.max_turns),
+            ("wall_time", self._remaining() <= 0),
+            ("output_size", self._output_chars > self.config.max_total_output_chars),
+        ):
+            if hit:
+                return self._end(messages, truncated_by=limit)
+        return messages, 0.0, False, False, {"task_id": self._task_id}
+
+    @property
+    def _task_id(self) -> str:
+        return self._swe_task.id if self._swe_task else ""
+
+    def _end(
+        self, messages: list[Message], truncated_by: str
+    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        assert self._swe_task is not None
+        result = GradeResult(False, "not graded: truncated and grade_on_truncation is off")
+        if not truncated_by or self.config.grade_on_truncation:
+            result = self._grade()
+        self._ctx.close()
+        self._stats.update(
+            resolved=float(result.resolved),
+            rejected=float("protected" in result.reason),
+            diff_bytes=float(result.diff_bytes),
+            grade_seconds=result.seconds,
+        )
+        info: dict[str, Any] = {
+            "task_id": self._task_id,
+            "resolved": result.resolved,
+            "reason": result.reason,
+            "tests": result.tests,
+        }
+        if truncated_by:
+            info["truncated_by"] = truncated_by
+        return messages, result.reward, not truncated_by, bool(truncated_by), info
+
+    def _grade(self) -> GradeResult:
+        task = self._swe_task
+        assert task is not None
+        if not self._ctx.has_sandbox:
+            return GradeResult(False, "empty diff: the agent changed nothing")
+        try:
+            diff = agent_diff(self._ctx.sandbox, task, self._base, self.config.command_timeout)
+        except ValueError as err:
+            return GradeResult(False, str(err))
+        self._ctx.close()  # free the agent's container before starting the grader's
+        return grade(
+            task,
+            diff,
+            self._new_sandbox,
+            timeout=self.config.grade_timeout,
+            max_diff_bytes=self.config.max_diff_bytes,
+        )
+
+    def episode_metrics(self) -> dict[str, float]:
+        """Turns, tool calls/errors, parse errors, resolved, rejected, diff size, grading time."""
+        return {
+            **self._stats,
+            "turns": float(self._turn),
+            "sandbox_used": float(self._ctx.acquired),
+        }
+
+    def close(self) -> None:
+        """Remove the episode's repository sandbox, if one was created."""
+        self._ctx.close()

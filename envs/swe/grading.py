@@ -1,0 +1,296 @@
+"""Grading an SWE episode: take the agent's diff, reject tampering, run hidden tests fresh.
+
+The grader never trusts the agent's container: the diff is checked on the host (every
+path it touches is parsed from the diff text itself, the same text that is applied),
+then applied to a pristine copy of the repository in a *new* container, where the hidden
+tests and the runner script are added only after the agent's changes. Reward is 1 when
+every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes, else 0.
+
+Example:
+    >>> touched_paths("diff --git a/m.py b/m.py\\n--- a/m.py\\n+++ b/m.py\\n@@ -1 +1 @@\\n-a\\n+b\\n")
+    ['m.py']
+    >>> protected_hits(["tests/test_x.py", "pkg/core.py"], ["tests/*"])
+    ['tests/test_x.py']
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import secrets
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from envs.swe.tasks import SWETask
+
+GRADER_SCRIPT = Path(__file__).resolve().parent / "grader.py"
+_GRADER_DIR = "/tmp/vime_grader"
+# Paths excluded from the agent's diff: bytecode would shadow the sources it was built from.
+_DIFF_EXCLUDES = ["--", ".", ":(exclude,glob)**/__pycache__/**", ":(exclude,glob)**/*.pyc"]
+# Keep git from running anything the agent configured (hooks, fsmonitor, pagers).
+_GIT = [
+    "git",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.pager=cat",
+]
+
+
+@dataclass
+class GradeResult:
+    """What grading found. ``reward`` is 1.0 only when ``resolved``.
+
+    Example:
+        >>> GradeResult(resolved=False, reason="empty diff").reward
+        0.0
+    """
+
+    resolved: bool
+    reason: str = ""
+    tests: dict[str, str] = field(default_factory=dict)
+    diff_bytes: int = 0
+    seconds: float = 0.0
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.resolved else 0.0
+
+
+def _unquote(path: str) -> str:
+    # git quotes paths with unusual characters C-style: "a/x\\ty".
+    if path.startswith('"') and path.endswith('"'):
+        return path[1:-1].encode().decode("unicode_escape").encode("latin-1").decode()
+    return path
+
+
+def touched_paths(diff: str) -> list[str]:
+    """Every repository path a git diff touches (old and new names), sorted.
+
+    Example:
+        >>> touched_paths("diff --git a/x b/x\\nnew file mode 100644\\n--- /dev/null\\n+++ b/x\\n")
+        ['x']
+    """
+    paths: set[str] = set()
+    for line in diff.splitlines():
+        if line.startswith("diff --git "):
+            rest = line[len("diff --git ") :]
+            match = re.fullmatch(r'(".*"|a/\S+) (".*"|b/\S+)', rest)
+            if not match:
+                # Ambiguous (paths with spaces): keep both halves of a naive split.
+                paths.update(p for p in rest.split(" ") if p)
+                continue
+            for part in match.groups():
+                p = _unquote(part)
+                paths.add(p[2:] if p[:2] in ("a/", "b/") else p)
+        elif line.startswith(("--- ", "+++ ")):
+            p = _unquote(line[4:].split("\t")[0])
+            if p != "/dev/null":
+                paths.add(p[2:] if p[:2] in ("a/", "b/") else p)
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            paths.add(_unquote(line.split(" ", 2)[2]))
+    return sorted(paths)
+
+
+def protected_hits(paths: list[str], patterns: list[str]) -> list[str]:
+    """The ``paths`` that match any protected glob (full path or file name).
+
+    Example:
+        >>> protected_hits(["a/test_b.py", "a/b.py"], ["test_*.py"])
+        ['a/test_b.py']
+    """
+    hits = []
+    for path in paths:
+        name = path.rsplit("/", 1)[-1]
+        if any(
+            fnmatch.fnmatchcase(path, pat) or fnmatch.fnmatchcase(name, pat) for pat in patterns
+        ):
+            hits.append(path)
+    return hits
+
+
+def setup_repo(sandbox: Any, task: SWETask, timeout: float) -> str:
+    """Put the task's repository into ``task.repo_dir`` and commit it; returns the base commit.
+
+    The commit is what the agent's diff is taken against (so the diff holds exactly the
+    agent's changes, whatever it does to the index).
+    """
+    if task.files:
+        with tempfile.TemporaryDirectory(prefix="vime-swe-") as tmp:
+            for rel, content in task.files.items():
+                (Path(tmp) / rel).parent.mkdir(parents=True, exist_ok=True)
+                (Path(tmp) / rel).write_text(content)
+            sandbox.copy_in(tmp, task.repo_dir)
+    elif task.repo_path:
+        sandbox.copy_in(task.repo_path, task.repo_dir)
+    ident = [
+        "-c",
+        "user.name=vime",
+        "-c",
+        "user.email=vime@localhost",
+        "-c",
+        "commit.gpgsign=false",
+    ]
+    script = " && ".join(
+        [
+            "(git rev-parse --git-dir >/dev/null 2>&1 || git init -q)",
+            "git add -A",
+            shlex.join(
+                [*_GIT, *ident, "commit", "-q", "--allow-empty", "--no-verify", "-m", "vime: base"]
+            ),
+            "git rev-parse HEAD",
+        ]
+    )
+    result = sandbox.exec(["/bin/sh", "-c", script], timeout=timeout, workdir=task.repo_dir)
+    if not result.ok:
+        from vime.errors import SandboxError
+
+        raise SandboxError(
+            f"setting up the repository of task {task.id!r} failed: {result.output.strip()[-500:]}"
+        )
+    return result.stdout.strip().splitlines()[-1]
+
+
+def agent_diff(sandbox: Any, task: SWETask, base: str, timeout: float) -> str:
+    """The agent's changes as a binary-safe git diff against ``base`` (untracked files included)."""
+    out = f"{_GRADER_DIR}-diff.patch"
+    diff = shlex.join(
+        [
+            *_GIT,
+            "diff",
+            "--cached",
+            "--binary",
+            "--no-color",
+            "--no-ext-diff",
+            "--no-textconv",
+            "--no-renames",
+            base,
+            *_DIFF_EXCLUDES,
+        ]
+    )
+    script = f"{shlex.join([*_GIT, 'add', '-A'])} && {diff} > {out}"
+    result = sandbox.exec(["/bin/sh", "-c", script], timeout=timeout, workdir=task.repo_dir)
+    if not result.ok:
+        raise ValueError(f"git diff failed in the agent's sandbox: {result.output.strip()[-300:]}")
+    return sandbox.read_file(out).decode("utf-8", errors="surrogateescape")
+
+
+def _parse_pytest(output: str) -> dict[str, str]:
+    """Per-test status from ``pytest -rA`` summary lines (``PASSED path::name``)."""
+    statuses: dict[str, str] = {}
+    for line in output.splitlines():
+        match = re.match(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(\S+)", line)
+        if match:
+            statuses[match.group(2)] = (
+                "passed" if match.group(1) in ("PASSED", "XFAIL") else "failed"
+            )
+    return statuses
+
+
+def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> dict[str, str]:
+    """In a fresh sandbox: repo, then the agent's diff, then the hidden tests; run them.
+
+    Returns one status per test id in ``fail_to_pass + pass_to_pass`` (``"failed"`` for
+    any the runner did not report).
+    """
+    if task.files or task.repo_path:
+        setup_repo(sandbox, task, timeout)
+    ids = task.fail_to_pass + task.pass_to_pass
+    if diff:
+        sandbox.write_file(
+            f"{_GRADER_DIR}/agent.patch", diff.encode("utf-8", errors="surrogateescape")
+        )
+        applied = sandbox.exec(
+            [*_GIT, "apply", "--whitespace=nowarn", f"{_GRADER_DIR}/agent.patch"],
+            timeout=timeout,
+            workdir=task.repo_dir,
+        )
+        if not applied.ok:
+            raise ValueError(f"the agent's diff does not apply: {applied.output.strip()[-300:]}")
+    for rel, content in task.hidden_tests.items():
+        sandbox.write_file(f"{task.repo_dir}/{rel}", content)
+    if task.test_patch:
+        sandbox.write_file(f"{_GRADER_DIR}/tests.patch", task.test_patch)
+        applied = sandbox.exec(
+            [*_GIT, "apply", f"{_GRADER_DIR}/tests.patch"], timeout=timeout, workdir=task.repo_dir
+        )
+        if not applied.ok:
+            raise ValueError(
+                f"the task's test_patch does not apply: {applied.output.strip()[-300:]}"
+            )
+    if task.runner == "unittest":
+        nonce = secrets.token_hex(16)
+        sandbox.write_file(f"{_GRADER_DIR}/grader.py", GRADER_SCRIPT.read_text())
+        sandbox.write_file(f"{_GRADER_DIR}/nonce", nonce + "\n")
+        # exec: no shell stays around with the nonce path; the grader deletes the file first.
+        cmd = (
+            f"exec python3 -B -s -E {_GRADER_DIR}/grader.py --nonce-file {_GRADER_DIR}/nonce "
+            f"{shlex.quote(task.repo_dir)} {shlex.join(ids)} > {_GRADER_DIR}/out.txt 2>&1"
+        )
+        result = sandbox.exec(["/bin/sh", "-c", cmd], timeout=timeout, workdir=task.repo_dir)
+        output = (
+            ""
+            if result.timed_out
+            else sandbox.read_file(f"{_GRADER_DIR}/out.txt").decode(errors="replace")
+        )
+        reported: dict[str, str] = {}
+        for line in output.splitlines():
+            if line.startswith(f"VIME_GRADE {nonce} "):
+                reported = json.loads(line.split(" ", 2)[2])
+    else:
+        cmd = f"{task.setup_cmd + '; ' if task.setup_cmd else ''}{task.test_cmd} > {_GRADER_DIR}/out.txt 2>&1"
+        sandbox.exec(["/bin/sh", "-c", f"mkdir -p {_GRADER_DIR}"], timeout=timeout)
+        result = sandbox.exec(["bash", "-c", cmd], timeout=timeout, workdir=task.repo_dir)
+        output = (
+            ""
+            if result.timed_out
+            else sandbox.read_file(f"{_GRADER_DIR}/out.txt").decode(errors="replace")
+        )
+        reported = _parse_pytest(output)
+    return {
+        i: reported.get(i, "failed") if reported.get(i) in ("passed", "failed") else "failed"
+        for i in ids
+    }
+
+
+def grade(
+    task: SWETask, diff: str, make_sandbox: Any, *, timeout: float, max_diff_bytes: int
+) -> GradeResult:
+    """Check ``diff`` and run the hidden tests in a fresh sandbox from ``make_sandbox()``.
+
+    Example:
+        >>> task = SWETask(id="t", problem_statement="p", files={"a.py": ""}, fail_to_pass=["x"])
+        >>> grade(task, "", None, timeout=60, max_diff_bytes=10).reason
+        'empty diff: the agent changed nothing'
+    """
+    start = time.monotonic()
+    size = len(diff.encode("utf-8", errors="surrogateescape"))
+    if not diff.strip():
+        return GradeResult(False, "empty diff: the agent changed nothing")
+    if size > max_diff_bytes:
+        return GradeResult(
+            False, f"diff of {size} bytes is over max_diff_bytes={max_diff_bytes}", diff_bytes=size
+        )
+    hidden = list(task.hidden_tests) + [p for p in touched_paths(task.test_patch)]
+    hits = protected_hits(touched_paths(diff), list(task.protected) + hidden)
+    if hits:
+        return GradeResult(
+            False, f"the diff edits protected test/grader paths {hits}", diff_bytes=size
+        )
+    sandbox = make_sandbox()
+    try:
+        tests = run_hidden_tests(sandbox, task, diff, timeout)
+    except ValueError as err:
+        return GradeResult(False, str(err), diff_bytes=size, seconds=time.monotonic() - start)
+    finally:
+        sandbox.close()
+    failed = sorted(i for i, s in tests.items() if s != "passed")
+    reason = "" if not failed else f"{len(failed)} of {len(tests)} tests failed: {failed[:5]}"
+    return GradeResult(not failed, reason, tests, size, time.monotonic() - start)
