@@ -63,7 +63,9 @@ def docker_client(host: str | None = None):
 
 
 @contextlib.contextmanager
-def docker_errors(what: str, *, host: str | None = None, container: str | None = None) -> Iterator[None]:
+def docker_errors(
+    what: str, *, host: str | None = None, container: str | None = None
+) -> Iterator[None]:
     """Turn any docker SDK / transport error raised inside into a :class:`SandboxError`.
 
     ``what`` says what was being done ("creating a container"); the message adds the host,

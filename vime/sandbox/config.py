@@ -24,7 +24,9 @@ _UNITS = {"": 1, "b": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
 
 # One id per process unless the caller names the run: containers are labelled with it,
 # so `vime-agent sandbox gc` can tell which run left them behind.
-DEFAULT_RUN_ID = os.environ.get("VIME_RUN_ID") or f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+DEFAULT_RUN_ID = (
+    os.environ.get("VIME_RUN_ID") or f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
+)
 
 
 def parse_size(text: str) -> int:
@@ -102,17 +104,27 @@ class SandboxConfig:
         except ValueError as err:
             require(False, "sandbox.memory", f"{err}")
         require(parse_size(self.memory) >= 16 * 1024**2, "sandbox.memory", "must be at least 16m")
-        require(self.pids_limit == -1 or self.pids_limit >= 16, "sandbox.pids_limit", "must be >= 16 (or -1 for none)")
+        require(
+            self.pids_limit == -1 or self.pids_limit >= 16,
+            "sandbox.pids_limit",
+            "must be >= 16 (or -1 for none)",
+        )
         require(0 < self.cpus <= 256, "sandbox.cpus", f"must be in (0, 256], got {self.cpus}")
         require(
             bool(re.fullmatch(r"\d+(:\d+)?", self.user)),
             "sandbox.user",
             f"must be numeric 'uid:gid' like '1000:1000', got {self.user!r}",
         )
-        require(self.workspace.startswith("/") and self.workspace != "/", "sandbox.workspace", "must be an absolute folder other than /")
+        require(
+            self.workspace.startswith("/") and self.workspace != "/",
+            "sandbox.workspace",
+            "must be an absolute folder other than /",
+        )
         require(self.workspace_limit_mb >= 1, "sandbox.workspace_limit_mb", "must be >= 1")
         require(self.tmp_limit_mb >= 1, "sandbox.tmp_limit_mb", "must be >= 1")
-        require(self.max_file_mb >= 0, "sandbox.max_file_mb", "must be >= 0 (0 = workspace_limit_mb)")
+        require(
+            self.max_file_mb >= 0, "sandbox.max_file_mb", "must be >= 0 (0 = workspace_limit_mb)"
+        )
         require(self.max_output_bytes >= 256, "sandbox.max_output_bytes", "must be >= 256")
         require(self.timeout > 0, "sandbox.timeout", "must be > 0 seconds")
         require(self.kill_grace > 0, "sandbox.kill_grace", "must be > 0 seconds")

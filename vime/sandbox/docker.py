@@ -179,10 +179,11 @@ class DockerSandbox:
         }
         limit = cfg.file_limit_bytes
         with docker_errors(f"creating a sandbox from {self.image}", host=self.host):
-            container = self._client.containers.run(
+            # create + start, not run: run would try to pull a missing image from a
+            # registry, which hangs or fails obscurely on an offline machine.
+            container = self._client.containers.create(
                 self.image,
                 command=_INIT_CMD,
-                detach=True,
                 user=cfg.user,
                 network_mode="bridge" if cfg.network else "none",
                 cap_drop=["ALL"],
@@ -203,6 +204,11 @@ class DockerSandbox:
                 labels=labels,
                 hostname="sandbox",
             )
+            try:
+                container.start()
+            except Exception:
+                container.remove(force=True)
+                raise
         self._container = container
         return container.id
 
@@ -331,7 +337,9 @@ class DockerSandbox:
                 timed_out = True
                 self._kill_quietly()
                 if not self._pump(raw, demux, time.monotonic() + self.config.kill_grace):
-                    self.mark_dead(f"a timed-out command did not die within kill_grace={self.config.kill_grace}s")
+                    self.mark_dead(
+                        f"a timed-out command did not die within kill_grace={self.config.kill_grace}s"
+                    )
         except OSError as exc:
             self._raise_if_container_gone(f"the exec stream failed ({exc})")
             raise SandboxError(f"sandbox {self.id[:12]}: exec stream failed: {exc}") from exc
@@ -344,7 +352,10 @@ class DockerSandbox:
         code = self._exit_code(exec_id)
         if code is None or code in (137, -1) or timed_out:
             # SIGKILL: our own timeout kill, the OOM killer, or the container itself died.
-            self._raise_if_container_gone("it died while a command was running")
+            # After our own kill PID 1 is known alive, so one look is enough.
+            self._raise_if_container_gone(
+                "it died while a command was running", settle=0.0 if timed_out else 0.25
+            )
         return out, err, -1 if code is None else code, timed_out, time.monotonic() - start
 
     def _send_stdin(self, raw: Any, data: bytes, deadline: float) -> None:
@@ -392,26 +403,46 @@ class DockerSandbox:
                 return info.get("ExitCode")
         return None
 
-    def _raise_if_container_gone(self, what: str) -> None:
-        try:
-            state = self._api.inspect_container(self.id)["State"]
-            running, status = state.get("Running"), state.get("Status")
-        except Exception as exc:
-            running, status = False, f"inspect failed: {exc}"
-        if not running:
-            self.mark_dead(f"container is {status}")
-            raise SandboxError(
-                f"sandbox {self.id[:12]} on {self.host}: {what}; the container is {status} "
-                "(killed from outside, or the docker host restarted)"
-            )
+    def _raise_if_container_gone(self, what: str, settle: float = 0.25) -> None:
+        """Raise :class:`SandboxError` (and mark dead) if the container stopped.
+
+        A killed container's exec streams can close a moment before docker marks it
+        exited, so a running state is re-checked for ``settle`` seconds.
+        """
+        deadline = time.monotonic() + settle
+        while True:
+            try:
+                state = self._api.inspect_container(self.id)["State"]
+                running, status = state.get("Running"), state.get("Status")
+            except Exception as exc:
+                running, status = False, f"gone ({exc})"
+            if not running:
+                self.mark_dead(f"container is {status}")
+                raise SandboxError(
+                    f"sandbox {self.id[:12]} on {self.host}: {what}; the container is {status} "
+                    "(killed from outside, or the docker host restarted)"
+                )
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.025)
 
     # -- files ----------------------------------------------------------------------
 
     def _file_op(
-        self, argv: list[str], what: str, *, stdin: bytes | None = None, timeout: float | None = None
+        self,
+        argv: list[str],
+        what: str,
+        *,
+        stdin: bytes | None = None,
+        timeout: float | None = None,
     ) -> bytes:
         out, err, code, timed_out, _ = self._run(
-            argv, timeout=timeout or self.config.timeout, workdir=None, env=None, cap=None, stdin=stdin
+            argv,
+            timeout=timeout or self.config.timeout,
+            workdir=None,
+            env=None,
+            cap=None,
+            stdin=stdin,
         )
         if timed_out or code != 0:
             reason = "timed out" if timed_out else err.bytes().decode(errors="replace").strip()
@@ -451,7 +482,11 @@ class DockerSandbox:
             for child in sorted(src.iterdir()):
                 tar.add(str(child), arcname=child.name)
         script = 'mkdir -p -- "$1" && tar -x --no-same-owner -C "$1"'
-        self._file_op(["/bin/sh", "-c", script, "sh", remote_dir], f"copy_in to {remote_dir!r}", stdin=buf.getvalue())
+        self._file_op(
+            ["/bin/sh", "-c", script, "sh", remote_dir],
+            f"copy_in to {remote_dir!r}",
+            stdin=buf.getvalue(),
+        )
 
     def copy_out(self, remote_dir: str, local_dir: str | Path) -> None:
         """Copy the contents of ``remote_dir`` into local folder ``local_dir`` (created).

@@ -55,8 +55,14 @@ class BaseImageRecipe:
     mirror: str | None = None
 
     def __post_init__(self) -> None:
-        require(bool(re.fullmatch(r"[a-z]+", self.suite)), "recipe.suite", "must be a Debian suite name like 'bookworm'")
-        require(self.variant in ("minbase", "buildd"), "recipe.variant", "must be 'minbase' or 'buildd'")
+        require(
+            bool(re.fullmatch(r"[a-z]+", self.suite)),
+            "recipe.suite",
+            "must be a Debian suite name like 'bookworm'",
+        )
+        require(
+            self.variant in ("minbase", "buildd"), "recipe.variant", "must be 'minbase' or 'buildd'"
+        )
         for pkg in self.include:
             require(
                 bool(re.fullmatch(r"[a-z0-9][a-z0-9+.-]*", pkg)),
@@ -113,7 +119,9 @@ def apt_mirror() -> str:
             continue
         for line in text.splitlines():
             line = line.strip()
-            found = re.match(r"^URIs:\s*(\S+)", line) or re.match(r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", line)
+            found = re.match(r"^URIs:\s*(\S+)", line) or re.match(
+                r"^deb\s+(?:\[[^]]*\]\s+)?(\S+)", line
+            )
             if found and found.group(1).rstrip("/").endswith("/debian"):
                 return found.group(1).rstrip("/")
     return _DEFAULT_MIRROR
@@ -157,7 +165,9 @@ def build_rootfs_tarball(recipe: BaseImageRecipe | None = None, *, log=print) ->
             "(scripts/setup.sh does this)"
         )
     if os.geteuid() != 0:
-        raise SandboxError("building the base image runs debootstrap, which needs root; run it as root")
+        raise SandboxError(
+            "building the base image runs debootstrap, which needs root; run it as root"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="rootfs-", dir=out.parent))
     rootfs = work / "rootfs"
@@ -251,7 +261,9 @@ def _tar_of(files: Mapping[str, bytes | str | Path]) -> bytes:
     return buf.getvalue()
 
 
-def _content_hash(base_id: str, files: Mapping[str, bytes | str | Path], commands: Sequence[str]) -> str:
+def _content_hash(
+    base_id: str, files: Mapping[str, bytes | str | Path], commands: Sequence[str]
+) -> str:
     h = hashlib.sha256(f"{BUILDER_VERSION}|{base_id}".encode())
     for dest, src in sorted(files.items()):
         h.update(f"\0file:{dest}\0".encode())
@@ -292,7 +304,9 @@ def build_layered_image(
     files = dict(files or {})
     for dest in files:
         if not dest.startswith("/"):
-            raise SandboxError(f"build_layered_image: file destination {dest!r} must be an absolute path")
+            raise SandboxError(
+                f"build_layered_image: file destination {dest!r} must be an absolute path"
+            )
     client = docker_client(host)
     with docker_errors(f"looking up base image {base}", host=host):
         base_id = client.images.get(base).id
@@ -308,10 +322,9 @@ def build_layered_image(
             labels={"vime.sandbox": "1", "vime.pid": str(os.getpid()), "vime.role": "build"},
         )
         try:
-            if files:
-                # put_archive on a created container writes straight into its rootfs layer.
-                if not container.put_archive("/", _tar_of(files)):
-                    raise SandboxError(f"copying files into the build container of {tag} failed")
+            # put_archive on a created container writes straight into its rootfs layer.
+            if files and not container.put_archive("/", _tar_of(files)):
+                raise SandboxError(f"copying files into the build container of {tag} failed")
             if commands:
                 container.start()
                 for cmd in commands:
@@ -328,7 +341,9 @@ def build_layered_image(
     return tag
 
 
-def build_image_from_dockerfile(path: str | Path, *, tag: str | None = None, host: str | None = None) -> str:
+def build_image_from_dockerfile(
+    path: str | Path, *, tag: str | None = None, host: str | None = None
+) -> str:
     """Build a local Dockerfile folder (its ``FROM`` must be reachable); return the tag.
 
     Without ``tag`` the image is tagged ``vime/dockerfile:<hash of the folder>``.
@@ -341,7 +356,9 @@ def build_image_from_dockerfile(path: str | Path, *, tag: str | None = None, hos
     if folder.is_file():
         folder = folder.parent
     if not (folder / "Dockerfile").is_file():
-        raise SandboxError(f"build_image_from_dockerfile: no Dockerfile in {folder}; pass the folder that holds it")
+        raise SandboxError(
+            f"build_image_from_dockerfile: no Dockerfile in {folder}; pass the folder that holds it"
+        )
     if tag is None:
         tag = f"vime/dockerfile:{_content_hash('dockerfile', {'/': folder}, ())}"
     client = docker_client(host)

@@ -1,0 +1,106 @@
+"""SandboxPool against the real dockerd: warm acquire, reset, replacement, bounds, hosts, asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+
+import pytest
+
+from vime.errors import SandboxError
+from vime.sandbox import SandboxPool
+
+pytestmark = pytest.mark.docker
+
+
+def test_pool_acquire_release_reset_and_bounds(sandbox_config):
+    with SandboxPool(sandbox_config(), size=2) as pool:
+        pool.wait_ready(60)
+        t0 = time.monotonic()
+        a = pool.acquire(timeout=5)
+        assert time.monotonic() - t0 < 0.05  # warm: no container start on the hot path
+        b = pool.acquire(timeout=5)
+        assert a is not b and a.alive and b.alive
+        with pytest.raises(SandboxError, match=r"no sandbox free within 0\.2s"):
+            pool.acquire(timeout=0.2)  # bounded: both are leased
+        a.exec("echo secret > /workspace/s; (sleep 300 > /dev/null 2>&1 &)", timeout=10)
+        pool.release(a)  # reset in the background
+        again = pool.acquire(timeout=10)
+        assert again is a  # the same container, reused ...
+        # ... and clean: no files, and no process but PID 1 (python init) and the lister.
+        lister = "import os; print(sorted(open(f'/proc/{p}/cmdline').read()[:7] for p in os.listdir('/proc') if p.isdigit()))"
+        assert again.exec("ls -A /workspace", timeout=10).stdout == ""
+        assert (
+            again.exec(["python3", "-c", lister], timeout=10).stdout == "['python3', 'python3']\n"
+        )
+        pool.release(again)
+        pool.release(b, reset=False)
+        with pytest.raises(SandboxError, match="not acquired from this pool"):
+            pool.release(b)
+        assert pool.stats()["created"] == 2
+
+
+def test_pool_replaces_dead_sandbox(sandbox_config):
+    with SandboxPool(sandbox_config(), size=1) as pool:
+        sb = pool.acquire(timeout=60)
+        sb._api.kill(sb.id)  # killed from outside
+        with pytest.raises(SandboxError):
+            sb.exec("sleep 1", timeout=10)
+        pool.release(sb)
+        fresh = pool.acquire(timeout=60)
+        assert fresh is not sb and fresh.exec("echo ok", timeout=10).stdout == "ok\n"
+        pool.release(fresh)
+        stats = pool.stats()
+        assert stats["discarded"] == 1 and stats["created"] == 2
+
+
+def test_pool_threads_and_two_hosts(sandbox_config, docker_host, tmp_path):
+    # A second DOCKER_HOST URL for the same daemon (a symlink to its socket) stands in
+    # for a second machine: sandboxes must be spread evenly over both.
+    link = tmp_path / "second.sock"
+    os.symlink(docker_host.removeprefix("unix://"), link)
+    hosts = [docker_host, f"unix://{link}"]
+    with SandboxPool(sandbox_config(docker_hosts=hosts), size=4) as pool:
+        pool.wait_ready(60)
+        assert pool.stats()["per_host"] == {hosts[0]: 2, hosts[1]: 2}
+        results: list[str] = []
+        errors: list[BaseException] = []
+
+        def episode(i: int) -> None:
+            try:
+                with pool.session(timeout=60) as sb:
+                    sb.write_file("/workspace/i", str(i))
+                    results.append(sb.exec("cat /workspace/i", timeout=10).stdout)
+            except BaseException as err:
+                errors.append(err)
+
+        threads = [threading.Thread(target=episode, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and sorted(results, key=int) == [str(i) for i in range(12)]
+        assert {sb.host for sb in list(pool._idle)} <= set(hosts)
+
+
+def test_pool_from_asyncio(sandbox_config):
+    async def main(pool: SandboxPool) -> list[str]:
+        async def one(i: int) -> str:
+            async with pool.session_async(timeout=60) as sb:
+                res = await pool.run_async(sb.exec, f"echo {i}", timeout=10)
+                return res.stdout.strip()
+
+        return await asyncio.gather(*(one(i) for i in range(6)))
+
+    with SandboxPool(sandbox_config(), size=3) as pool:
+        assert asyncio.run(main(pool)) == [str(i) for i in range(6)]
+
+
+def test_pool_reports_start_failures(sandbox_config):
+    with (
+        SandboxPool(sandbox_config(image="vime/does-not-exist:1"), size=1) as pool,
+        pytest.raises(SandboxError, match=r"image not found|No such image"),
+    ):
+        pool.acquire(timeout=1.5)

@@ -1,0 +1,343 @@
+"""``SandboxPool``: warm, bounded, thread- and asyncio-safe Docker sandboxes.
+
+The pool keeps ``size`` sandboxes in total (idle + leased + being started or reset).
+``acquire`` hands out a warm one (a few µs when one is idle); ``release`` resets it in
+the background (kill every process, wipe workspace and /tmp) and puts it back, or
+discards and replaces it when the reset fails or it died. New sandboxes are spread over
+the configured docker hosts, least-loaded first.
+
+From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
+:meth:`session_async` and :meth:`run_async` for blocking sandbox calls: they run on the
+pool's own threads, so ``asyncio.to_thread``'s small default executor never caps how many
+sandboxes an event loop can drive at once.
+
+Example:
+    >>> with SandboxPool(SandboxConfig(), size=2) as pool:  # doctest: +SKIP
+    ...     with pool.session(timeout=30) as sb:
+    ...         print(sb.exec("echo hi", timeout=5).stdout)
+    hi
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import functools
+import itertools
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+from vime.config import require
+from vime.errors import SandboxError
+from vime.sandbox.docker import DockerSandbox, SandboxConfig
+
+T = TypeVar("T")
+
+
+class SandboxPool:
+    """A bounded pool of pre-started :class:`DockerSandbox` es for one config (one image).
+
+    ``size`` is the most sandboxes alive at once; all of them are started up front.
+    ``workers`` threads start and reset sandboxes in the background.
+
+    Example:
+        >>> pool = SandboxPool(SandboxConfig(), size=4)  # doctest: +SKIP
+        >>> sb = pool.acquire(timeout=60)  # doctest: +SKIP
+        >>> pool.release(sb)  # doctest: +SKIP
+        >>> pool.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        config: SandboxConfig | None = None,
+        size: int = 4,
+        *,
+        workers: int | None = None,
+        factory: Callable[[SandboxConfig, str], DockerSandbox] | None = None,
+    ) -> None:
+        require(size >= 1, "pool.size", f"must be >= 1, got {size}")
+        self.config = config or SandboxConfig()
+        self.size = size
+        self.hosts = self.config.hosts()
+        self._factory = factory or (lambda cfg, host: DockerSandbox(cfg, host=host))
+        self._cond = threading.Condition()
+        self._idle: collections.deque[DockerSandbox] = collections.deque()
+        self._leased: set[DockerSandbox] = set()
+        self._pending = 0  # sandboxes being started or reset (they count towards size)
+        self._per_host: collections.Counter[str] = collections.Counter()
+        self._rr = itertools.count()
+        self._closed = False
+        self._stop = threading.Event()
+        self._failures = 0
+        self._last_error: str | None = None
+        self.created = 0
+        self.discarded = 0
+        self._workers = ThreadPoolExecutor(
+            max_workers=workers or min(size, 4), thread_name_prefix="vime-pool"
+        )
+        # For the async wrappers: one thread per sandbox, plus room for waiters.
+        self._async_threads = ThreadPoolExecutor(
+            max_workers=size + 4, thread_name_prefix="vime-pool-async"
+        )
+        with self._cond:
+            for _ in range(size):
+                self._spawn_locked()
+
+    # -- background work -------------------------------------------------------------
+
+    def _pick_host_locked(self) -> str:
+        """Least-loaded host; ties go round-robin so equal hosts fill evenly."""
+        low = min(self._per_host[h] for h in self.hosts)
+        tied = [h for h in self.hosts if self._per_host[h] == low]
+        return tied[next(self._rr) % len(tied)]
+
+    def _spawn_locked(self) -> None:
+        host = self._pick_host_locked()
+        self._pending += 1
+        self._per_host[host] += 1
+        self._workers.submit(self._create, host)
+
+    def _create(self, host: str) -> None:
+        with self._cond:
+            if self._closed:  # queued before close(): nothing to start
+                self._pending -= 1
+                self._per_host[host] -= 1
+                return
+        try:
+            sb = self._factory(self.config, host)
+        except Exception as err:  # keep the pool alive: record, back off, try again
+            with self._cond:
+                self._pending -= 1
+                self._per_host[host] -= 1
+                self._failures += 1
+                self._last_error = f"{type(err).__name__}: {err}"
+                delay = min(5.0, 0.25 * 2 ** min(self._failures, 5))
+                self._cond.notify_all()
+            if not self._stop.wait(delay):
+                with self._cond:
+                    if not self._closed and self._live_locked() < self.size:
+                        self._spawn_locked()
+            return
+        with self._cond:
+            self._pending -= 1
+            self._failures = 0
+            self.created += 1
+            if self._closed:
+                self._per_host[host] -= 1
+            else:
+                self._idle.append(sb)
+                self._cond.notify()
+                return
+        sb.close()
+
+    def _reset(self, sb: DockerSandbox) -> None:
+        try:
+            sb.reset()
+            ok = sb.alive
+        except Exception as err:
+            ok = False
+            with self._cond:
+                self._last_error = f"reset failed: {err}"
+        with self._cond:
+            self._pending -= 1
+            if ok and not self._closed:
+                self._idle.append(sb)
+                self._cond.notify()
+                return
+        self._discard(sb)
+
+    def _discard(self, sb: DockerSandbox) -> None:
+        sb.close()
+        with self._cond:
+            self._per_host[sb.host] -= 1
+            self.discarded += 1
+            if not self._closed:
+                self._spawn_locked()
+
+    def _live_locked(self) -> int:
+        return len(self._idle) + len(self._leased) + self._pending
+
+    # -- the API ----------------------------------------------------------------------
+
+    def acquire(self, timeout: float | None = None) -> DockerSandbox:
+        """A clean sandbox, waiting at most ``timeout`` s (None = forever).
+
+        Raises :class:`SandboxError` on timeout (with the last start error, if any) or
+        when the pool is closed.
+
+        Example:
+            >>> sb = pool.acquire(timeout=30)  # doctest: +SKIP
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._closed:
+                    raise SandboxError("SandboxPool.acquire: the pool is closed")
+                while self._idle:
+                    sb = self._idle.popleft()
+                    if sb.alive:
+                        self._leased.add(sb)
+                        return sb
+                    self._pending += 1  # discarded below, outside the lock
+                    self._workers.submit(self._discard_pending, sb)
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    why = f"; last error: {self._last_error}" if self._last_error else ""
+                    raise SandboxError(
+                        f"SandboxPool.acquire: no sandbox free within {timeout}s "
+                        f"(size={self.size}, leased={len(self._leased)}, starting or "
+                        f"resetting={self._pending}){why}; raise pool size or the timeout"
+                    )
+                self._cond.wait(remaining)
+
+    def _discard_pending(self, sb: DockerSandbox) -> None:
+        with self._cond:
+            self._pending -= 1
+        self._discard(sb)
+
+    def release(self, sb: DockerSandbox, reset: bool = True) -> None:
+        """Give ``sb`` back. With ``reset`` it is wiped in the background first; a dead
+        or unresettable sandbox is removed and replaced. Never raises for a bad sandbox.
+
+        Example:
+            >>> pool.release(sb)  # doctest: +SKIP
+        """
+        with self._cond:
+            if self._closed:  # close() already removed it (or is about to)
+                closing = True
+            elif sb not in self._leased:
+                raise SandboxError(f"SandboxPool.release: {sb!r} was not acquired from this pool")
+            else:
+                closing = False
+                self._leased.discard(sb)
+                if sb.alive and not reset:
+                    self._idle.append(sb)
+                    self._cond.notify()
+                    return
+                self._pending += 1
+        if closing:
+            sb.close()
+        elif sb.alive:
+            self._workers.submit(self._reset, sb)
+        else:
+            self._workers.submit(self._discard_pending, sb)
+
+    @contextlib.contextmanager
+    def session(self, timeout: float | None = None, reset: bool = True) -> Iterator[DockerSandbox]:
+        """``with pool.session() as sb:`` acquire, then release even on error.
+
+        Example:
+            >>> with pool.session(timeout=30) as sb:  # doctest: +SKIP
+            ...     sb.exec("true", timeout=5)
+        """
+        sb = self.acquire(timeout)
+        try:
+            yield sb
+        finally:
+            self.release(sb, reset=reset)
+
+    async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run a blocking call (``sb.exec`` ...) on the pool's threads from asyncio.
+
+        Example:
+            >>> res = await pool.run_async(sb.exec, "ls", timeout=5)  # doctest: +SKIP
+        """
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            self._async_threads, functools.partial(fn, *args, **kwargs)
+        )
+
+    async def acquire_async(self, timeout: float | None = None) -> DockerSandbox:
+        """:meth:`acquire` for asyncio code.
+
+        Example:
+            >>> sb = await pool.acquire_async(timeout=30)  # doctest: +SKIP
+        """
+        return await self.run_async(self.acquire, timeout)
+
+    async def release_async(self, sb: DockerSandbox, reset: bool = True) -> None:
+        """:meth:`release` for asyncio code (it never blocks long: the reset is queued)."""
+        self.release(sb, reset=reset)
+
+    @contextlib.asynccontextmanager
+    async def session_async(
+        self, timeout: float | None = None, reset: bool = True
+    ) -> AsyncIterator[DockerSandbox]:
+        """``async with pool.session_async() as sb:``.
+
+        Example:
+            >>> async with pool.session_async(timeout=30) as sb:  # doctest: +SKIP
+            ...     await pool.run_async(sb.exec, "true", timeout=5)
+        """
+        sb = await self.acquire_async(timeout)
+        try:
+            yield sb
+        finally:
+            self.release(sb, reset=reset)
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until every sandbox is started and idle (benchmarks, tests).
+
+        Example:
+            >>> pool.wait_ready(60)  # doctest: +SKIP
+        """
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while len(self._idle) < self.size:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or self._closed:
+                    why = f"; last error: {self._last_error}" if self._last_error else ""
+                    raise SandboxError(
+                        f"SandboxPool.wait_ready: {len(self._idle)}/{self.size} sandboxes ready "
+                        f"after {timeout}s{why}"
+                    )
+                self._cond.wait(min(remaining, 0.5))
+
+    def stats(self) -> dict[str, Any]:
+        """Counts for metrics: idle, leased, pending, created, discarded, per host.
+
+        Example:
+            >>> pool.stats()["idle"]  # doctest: +SKIP
+            4
+        """
+        with self._cond:
+            return {
+                "idle": len(self._idle),
+                "leased": len(self._leased),
+                "pending": self._pending,
+                "created": self.created,
+                "discarded": self.discarded,
+                "per_host": dict(self._per_host),
+                "last_error": self._last_error,
+            }
+
+    def close(self) -> None:
+        """Stop replenishing and remove every sandbox, idle or leased. Idempotent.
+
+        Example:
+            >>> pool.close()  # doctest: +SKIP
+        """
+        with self._cond:
+            if self._closed:
+                return
+            self._closed = True
+            self._stop.set()
+            victims = list(self._idle) + list(self._leased)
+            self._idle.clear()
+            self._leased.clear()
+            self._cond.notify_all()
+        # Sandboxes still starting close themselves when their start returns.
+        self._workers.shutdown(wait=True, cancel_futures=False)
+        with ThreadPoolExecutor(max_workers=8) as closers:
+            list(closers.map(lambda sb: sb.close(), victims))
+        self._async_threads.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
