@@ -32,7 +32,7 @@ from vime.errors import EngineError, WeightSyncError
 class HFExporter(Protocol):
     """Anything that can write its weights as an HF folder (the trainer)."""
 
-    def export_hf(self, out: str | Path) -> Path: ...
+    def export_hf(self, folder: str | Path) -> Path | None: ...
 
 
 class WeightTarget(Protocol):
@@ -40,9 +40,9 @@ class WeightTarget(Protocol):
 
     url: str
 
-    def update_weights_from_disk(self, path: str | Path, version: int) -> None: ...
+    def update_weights_from_disk(self, path: str | Path, version: int) -> object: ...
 
-    def get_weight_version(self) -> int | None: ...
+    def get_weight_version(self) -> str | None: ...
 
 
 class WeightSync(Protocol):
@@ -99,7 +99,7 @@ class DiskWeightSync:
                 with attempt:
                     engine.update_weights_from_disk(path, version)
                     reported = engine.get_weight_version()
-                    if reported is not None and reported != version:
+                    if reported is not None and str(reported) != str(version):
                         raise EngineError(
                             f"engine {engine.url} reports weight version {reported} after "
                             f"loading version {version}"

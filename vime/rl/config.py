@@ -1,0 +1,292 @@
+"""The ``vime-agent train`` config: Hydra config groups over typed dataclass configs.
+
+Groups (pick one option with ``group=option``):
+
+- ``env``: ``math`` (default), ``tools``, ``swe`` — which environment and its tasks.
+- ``model``: ``tiny`` (default: the locally built tiny model plus a warm start).
+
+Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
+``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
+(:class:`RolloutConfig`, which holds the collector's options). Any field can be set
+with ``key=value``; a wrong key or value gives one :class:`ConfigError` naming the key
+and the nearest valid names.
+
+Example:
+    >>> cfg = load_config(["env=math", "steps=3", "trainer.lr=1e-4"])
+    >>> (cfg.env.id, cfg.steps, cfg.trainer.lr)
+    ('vime/Math-v0', 3, 0.0001)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from vime.agents.collector import CollectorConfig
+from vime.config import field_names, require, require_choice
+from vime.engine.config import EngineConfig
+from vime.envs.tasks import TaskSourceConfig
+from vime.errors import ConfigError
+from vime.trainer.losses import LossConfig
+from vime.trainer.step import TrainerConfig
+from vime.types import SamplingParams
+
+GROUPS = ("env", "model")
+MODES = ("sync", "async")
+SYNC_METHODS = ("disk",)
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on, and where its tasks come from.
+
+    ``tasks.path`` empty means the env's bundled tasks, produced by ``builtin_tasks``
+    (``module:function`` called as ``function(n=..., seed=...)``).
+    """
+
+    id: str = "vime/Math-v0"
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    tasks: TaskSourceConfig = field(default_factory=TaskSourceConfig)
+    builtin_tasks: str = "envs.math.data:arithmetic_suite"
+    builtin_args: dict[str, Any] = field(default_factory=lambda: {"n": 4096, "levels": ["add2"]})
+    eval_tasks: str = ""  # a .jsonl/.parquet file; "" = bundled tasks with another seed
+    eval_size: int = 64
+
+    def __post_init__(self) -> None:
+        require(bool(self.id), "env.id", "must name a registered env (vime-agent envs lists them)")
+        require(
+            bool(self.tasks.path) or ":" in self.builtin_tasks,
+            "env.builtin_tasks",
+            "must be 'module:function' when env.tasks.path is empty",
+        )
+        require(self.eval_size >= 0, "env.eval_size", "must be >= 0 (0 = no evaluation)")
+
+
+@dataclass
+class ModelConfig:
+    """The policy's starting checkpoint.
+
+    ``path`` empty means vime's tiny local model; ``warm_start_steps > 0`` first runs a
+    short supervised warm start on the env's demonstrations (cached by content).
+    """
+
+    path: str = ""
+    warm_start_steps: int = 0
+    warm_start_batch: int = 64
+    warm_start_lr: float = 1e-3
+    warm_start_seed: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.warm_start_steps >= 0, "model.warm_start_steps", "must be >= 0")
+        require(self.warm_start_batch >= 1, "model.warm_start_batch", "must be >= 1")
+        require(self.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
+
+
+@dataclass
+class RolloutConfig:
+    """How each step's data is collected.
+
+    ``batch_size`` tasks per step, each sampled ``collector.n_samples`` times (a GRPO
+    group). ``oversample`` > 1 draws more groups than needed so that ``filter_groups``
+    (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
+    full batch. ``mode=async`` collects step n+1 while step n trains; samples older than
+    ``max_staleness`` weight versions are dropped, the rest are corrected by TIS.
+    """
+
+    batch_size: int = 64
+    oversample: float = 1.0
+    filter_groups: bool = True
+    mode: str = "sync"
+    max_staleness: int = 1
+    normalize_std: bool = True
+    collector: CollectorConfig = field(
+        default_factory=lambda: CollectorConfig(
+            n_samples=8,
+            sampling=SamplingParams(temperature=1.0, max_tokens=16),
+            max_turns=1,
+            max_model_len=512,
+            progress=False,
+        )
+    )
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")
+        require(self.oversample >= 1.0, "rollout.oversample", "must be >= 1.0")
+        require_choice(self.mode, "rollout.mode", MODES)
+        require(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``vime-agent train`` run uses (saved as the run's config.yaml)."""
+
+    defaults: list[Any] = field(
+        default_factory=lambda: ["_self_", {"env": "math"}, {"model": "tiny"}]
+    )
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    steps: int = 40
+    seed: int = 0
+    run_root: str = "runs"
+    name: str = ""
+    resume: str = ""
+    eval_every: int = 10
+    save_every: int = 10
+    sync: str = "disk"
+    plot: bool = True
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 1, "steps", "must be >= 1")
+        require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
+        require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
+        require_choice(self.sync, "sync", SYNC_METHODS)
+        require(
+            self.trainer.temperature == self.rollout.collector.sampling.temperature,
+            "trainer.temperature",
+            f"must equal rollout.collector.sampling.temperature "
+            f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
+            "of the distribution the engine sampled from",
+        )
+
+
+def _math_preset() -> EnvConfig:
+    return EnvConfig()
+
+
+def _tools_preset() -> EnvConfig:
+    return EnvConfig(
+        id="vime/Tools-v0",
+        builtin_tasks="envs.tools.tasks:generate_tasks",
+        builtin_args={},
+        eval_size=16,
+    )
+
+
+def _swe_preset() -> EnvConfig:
+    return EnvConfig(
+        id="vime/SWE-v0",
+        builtin_tasks="envs.swe.tasks:bundled_tasks",
+        builtin_args={},
+        eval_size=8,
+    )
+
+
+def _tiny_model() -> ModelConfig:
+    return ModelConfig(path="", warm_start_steps=400)
+
+
+ENV_PRESETS = {"math": _math_preset, "tools": _tools_preset, "swe": _swe_preset}
+MODEL_PRESETS = {"tiny": _tiny_model}
+
+# The tiny model's policy defaults (used when model=tiny): the measured recipe from
+# ENVIRONMENT.md (AdamW 3e-4, 5 warmup steps, clip 1.0, 64 prompts × 8 samples at T=1).
+TINY_TRAINER = TrainerConfig(
+    lr=3e-4,
+    warmup_steps=5,
+    grad_clip=1.0,
+    temperature=1.0,
+    loss=LossConfig(policy_loss="ppo", aggregation="token-mean", tis="truncate"),
+)
+
+
+def _store() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    cs = ConfigStore.instance()
+    cs.store(name="vime_train", node=TrainConfig(trainer=TINY_TRAINER))
+    for name, preset in ENV_PRESETS.items():
+        cs.store(group="env", name=name, node=preset())
+    for name, model in MODEL_PRESETS.items():
+        cs.store(group="model", name=name, node=model())
+
+
+def load_config(overrides: list[str]) -> TrainConfig:
+    """Compose the train config from Hydra groups and ``key=value`` overrides.
+
+    Example:
+        >>> load_config(["env=tools"]).env.id
+        'vime/Tools-v0'
+    """
+    from hydra import compose, initialize
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
+
+    _store()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize(version_base=None, config_path=None):
+            composed = compose(config_name="vime_train", overrides=list(overrides))
+        cfg = OmegaConf.to_object(composed)
+    except ConfigError:
+        raise
+    except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
+        raise _friendly(err, overrides) from None
+    assert isinstance(cfg, TrainConfig)
+    return cfg
+
+
+def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
+    """One ConfigError naming the key at fault and the nearest valid names."""
+    import difflib
+
+    cause = err
+    while cause.__cause__ is not None and not isinstance(cause, ConfigError):
+        cause = cause.__cause__  # type: ignore[assignment]
+    if isinstance(cause, ConfigError):
+        return cause
+    text = str(err)
+    valid = field_names(TrainConfig()) + list(GROUPS)
+    key = None
+    m = re.search(r"Could not override '([^']+)'", text) or re.search(r"override ([\w.]+)=", text)
+    if m:
+        key = m.group(1)
+    m_group = re.search(r"Could not find '(\w+)/(\w+)'", text)
+    if m_group:
+        group, option = m_group.groups()
+        options: dict[str, Any] = {"env": ENV_PRESETS, "model": MODEL_PRESETS}.get(group, {})
+        return ConfigError(
+            f"{group}={option}: no such option; choose one of {sorted(options)}", key=group
+        )
+    if key is None:
+        return ConfigError(f"bad config: {text.splitlines()[0]}")
+    close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
+    if key in valid:
+        detail = str(cause).splitlines()[0] if cause is not err else text.splitlines()[-1]
+        return ConfigError(f"{key}: bad value ({detail})", key=key)
+    hint = (
+        f"; did you mean {', '.join(close)}?"
+        if close
+        else "; run `vime-agent train --help` for the keys"
+    )
+    return ConfigError(f"unknown config key {key!r}{hint}", key=key)
+
+
+def describe() -> str:
+    """The ``--help`` text: groups with their options, then every key with its default."""
+    lines = ["Config groups (group=option):"]
+    lines.append(f"  env:   {', '.join(ENV_PRESETS)} (default math)")
+    lines.append(f"  model: {', '.join(MODEL_PRESETS)} (default tiny)")
+    lines.append("")
+    lines.append("Keys (key=value), with defaults for env=math model=tiny:")
+    cfg = load_config([])
+    for name in field_names(cfg):
+        if name == "defaults":
+            continue
+        value = _get(cfg, name)
+        if dataclasses.is_dataclass(value):
+            continue
+        lines.append(f"  {name} = {value!r}")
+    return "\n".join(lines)
+
+
+def _get(obj: Any, dotted: str) -> Any:
+    for part in dotted.split("."):
+        obj = getattr(obj, part)
+    return obj

@@ -1,0 +1,47 @@
+"""Live console view of a training run: one line per step, with a running summary.
+
+Example:
+    >>> c = StepConsole(total=2, run_dir="runs/x")  # doctest: +SKIP
+    >>> c.step(1, {"reward/mean": 0.5, "time/step_s": 2.0})  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+
+class StepConsole:
+    """Prints step, reward, eval, tokens/s and the rollout/train/sync time split."""
+
+    def __init__(self, total: int, run_dir: str | Path) -> None:
+        self.total = total
+        self.console = Console(stderr=True, highlight=False)
+        self.first_reward: float | None = None
+        self.console.print(f"[bold]vime[/] run folder: {run_dir}")
+        self.console.print(
+            "[dim]step   reward  (Δ start)  eval    tok/s   rollout  train   sync   |lp diff|  version[/]"
+        )
+
+    def step(self, step: int, row: dict[str, Any]) -> None:
+        reward = row.get("reward/mean", float("nan"))
+        if self.first_reward is None:
+            self.first_reward = reward
+        delta = reward - self.first_reward
+        rollout_s = row.get("time/rollout_s", 0.0)
+        tokens = row.get("rollout/sampled_tokens", 0.0)
+        tps = tokens / rollout_s if rollout_s > 0 else 0.0
+        eval_reward = row.get("eval/reward")
+        eval_text = f"{eval_reward:6.3f}" if eval_reward is not None else "     -"
+        diff = row.get("train/train_rollout_logprob_abs_diff")
+        diff_text = f"{diff:9.2e}" if diff is not None else "        -"
+        self.console.print(
+            f"{step:>4}/{self.total:<4} {reward:6.3f}  ({delta:+.3f})  {eval_text}  {tps:7.0f}  "
+            f"{rollout_s:6.2f}s  {row.get('time/train_s', 0.0):5.2f}s  "
+            f"{row.get('time/sync_s', 0.0):5.2f}s  {diff_text}  v{row.get('weight_version', '?')}"
+        )
+
+    def done(self) -> None:
+        self.console.print("[bold green]done[/]")

@@ -1,0 +1,424 @@
+"""The RL loop: collect → advantages → train → sync weights → eval → checkpoint.
+
+:func:`train` is the whole loop in one readable function; the helpers below it do one
+thing each. ``vime-agent train`` calls :func:`main`.
+
+Data safety: every step's episodes go to the run's :class:`~vime.buffer.DataBuffer`
+(fsync'd) before training on them. A checkpoint stores the trainer state plus the task
+source position. On ``resume=RUN_DIR`` the loop restores the newest checkpoint, replays
+the buffered steps after it (the same episodes, in the same order, no recollection), and
+then continues collecting from the restored data position: no acknowledged episode is
+lost or trained on twice.
+
+Example:
+    $ vime-agent train                       # tiny model, env=math, 40 steps
+    $ vime-agent train env=tools steps=5 rollout.batch_size=8
+    $ vime-agent train resume=runs/20261130-061500-math
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import os
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.rl.config import TrainConfig, describe, load_config
+from vime.rl.run_dir import RunDir, read_state, write_state
+from vime.types import Episode, Sample
+
+log = logging.getLogger("vime.train")
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class TrainResult:
+    """What a finished run reports (also what the end-to-end tests check)."""
+
+    run_dir: Path
+    last_step: int
+    metrics: list[dict[str, Any]] = field(default_factory=list)
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Run RL training as configured; returns the run folder and per-step metrics."""
+    from vime.agents.collector import Collector
+    from vime.agents.policy_client import PolicyClient
+    from vime.buffer import DataBuffer
+    from vime.engine import EngineClient
+    from vime.envs import TaskSource
+    from vime.observability.metrics import MetricsLog
+    from vime.rl.console import StepConsole
+    from vime.rl.weight_sync import DiskWeightSync
+    from vime.trainer.step import Trainer
+
+    run = _open_run(cfg)
+    console = StepConsole(total=cfg.steps, run_dir=run.root)
+    model_dir = prepare_model(cfg, run)
+    tasks = TaskSource(_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
+    eval_tasks = _eval_tasks(cfg)
+    trainer = Trainer(model_dir, cfg.trainer)
+    start = _restore(run, trainer, tasks)
+    metrics_log = MetricsLog(run.metrics)
+    buffer = DataBuffer(run.root)
+
+    with _engine(cfg, model_dir, run) as server:
+        engine = EngineClient(server.url)
+        policy = PolicyClient.from_urls(server.url)
+        sync = DiskWeightSync(trainer, [engine], run.weights)
+        version = start
+        if start > 0:  # the engine starts from the base weights: give it the resumed ones
+            sync.sync(version)
+        policy.set_weight_version_all(version)
+        collector = Collector(policy, model_dir, cfg.rollout.collector)
+        runner = _Rollouts(cfg, collector, buffer, tasks, policy, server, sync)
+
+        for step in range(start + 1, cfg.steps + 1):
+            t0 = time.perf_counter()
+            episodes, rollout_stats = runner.episodes_for(step, version)
+            samples, adv_stats = make_samples(episodes, cfg, version)
+            t1 = time.perf_counter()
+            train_stats = trainer.train_step(samples) if samples else {}
+            t2 = time.perf_counter()
+            version = step
+            sync_stats = sync.sync(version)
+            policy.set_weight_version_all(version)
+            t3 = time.perf_counter()
+            row = {
+                **rollout_stats,
+                **adv_stats,
+                **{f"train/{k}": v for k, v in train_stats.items()},
+                **sync_stats,
+                "weight_version": int(engine.get_weight_version() or version),
+                "time/rollout_s": t1 - t0,
+                "time/train_s": t2 - t1,
+                "time/sync_s": t3 - t2,
+                "time/step_s": t3 - t0,
+            }
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and eval_tasks:
+                row.update(runner.run(evaluate(policy, model_dir, cfg, eval_tasks)))
+            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
+                _checkpoint(run, trainer, tasks, step)
+            metrics_log.write(step, row)
+            console.step(step, row)
+            if cfg.plot:
+                from vime.observability.metrics import plot_curves
+
+                plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
+        runner.close()
+        collector.close()
+    buffer.close()
+    console.done()
+    return TrainResult(run.root, cfg.steps, metrics_log.read())
+
+
+# ---------------------------------------------------------------- rollouts
+
+
+class _Rollouts:
+    """Gives each step its episodes: replayed from the buffer, or collected (sync/async).
+
+    The collector's coroutines run on one event loop in a background thread, so that in
+    async mode step n+1's rollouts keep going while the main thread trains step n.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        collector: Any,
+        buffer: Any,
+        tasks: Any,
+        policy: Any,
+        server: Any,
+        sync: Any,
+    ) -> None:
+        import threading
+
+        self.cfg = cfg
+        self.collector = collector
+        self.buffer = buffer
+        self.tasks = tasks
+        self.policy = policy
+        self.server = server
+        self.sync = sync
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="vime-rollouts", daemon=True
+        )
+        self.thread.start()
+        self.pending: concurrent.futures.Future[list[Episode]] | None = None
+        self.pending_step = -1
+
+    def run(self, coro: Any) -> Any:
+        """Run ``coro`` on the rollout loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        if self.pending is not None:
+            self.collector.abort()
+            with contextlib.suppress(Exception):
+                self.pending.result(timeout=60)
+        with contextlib.suppress(Exception):
+            self.run(self.policy.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    def _draw(self) -> list[dict[str, Any]]:
+        n = max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
+        return self.tasks.take(n)
+
+    def episodes_for(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+        """The episodes step ``step`` trains on, and rollout metrics."""
+        drawn = self._draw()
+        if step in self.buffer.steps():
+            episodes = self.buffer.read_step(step)
+            replayed = {ep.task_id for ep in episodes}
+            if not replayed <= {t["id"] for t in drawn}:
+                raise ConfigError(
+                    f"resume: buffered step {step} holds tasks the restored data position did "
+                    "not draw; the task source changed since the run started (env.tasks.*)",
+                    key="env.tasks",
+                )
+            return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
+        if self.pending is not None and self.pending_step == step:
+            episodes = self.pending.result()
+        else:
+            episodes = self.run(self._collect(drawn))
+        self.pending = None
+        if not self.server.health():
+            self._recover(version)
+        self.buffer.append(episodes, step)
+        if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
+            # Step n+1's rollouts run while step n trains and syncs.
+            next_tasks = self._draw_ahead()
+            self.pending = asyncio.run_coroutine_threadsafe(self._collect(next_tasks), self.loop)
+            self.pending_step = step + 1
+        return episodes, rollout_metrics(episodes)
+
+    def _draw_ahead(self) -> list[dict[str, Any]]:
+        # The next step draws its tasks now; episodes_for(step+1) then draws again, so
+        # rewind the source to keep exactly one draw per step.
+        state = self.tasks.state_dict()
+        drawn = self._draw()
+        self.tasks.load_state_dict(state)
+        return drawn
+
+    async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
+        return await self.collector.collect(tasks, self._env_factory)
+
+    def _env_factory(self) -> Any:
+        import vime.envs as envs
+
+        return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
+
+    def _recover(self, version: int) -> None:
+        """The engine died during collection: restart it and reload the current weights."""
+        log.warning(
+            "engine %s is down; restarting it and reloading weights v%d", self.server.url, version
+        )
+        self.server.restart()
+        if version > 0:
+            self.sync.sync(version)
+
+
+def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Reward, status counts and token counts of one step's episodes."""
+    n = max(len(episodes), 1)
+    trainable = [ep for ep in episodes if ep.status.trainable]
+    out: dict[str, float] = {
+        "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
+        "rollout/episodes": float(len(episodes)),
+        "rollout/sampled_tokens": float(sum(ep.num_sampled_tokens for ep in episodes)),
+        "rollout/mean_response_len": sum(ep.num_sampled_tokens for ep in episodes) / n,
+    }
+    for status in ("completed", "truncated", "aborted", "error"):
+        out[f"rollout/{status}"] = sum(ep.status.value == status for ep in episodes) / n
+    seconds = [ep.timings.get("total_s", 0.0) for ep in episodes]
+    if seconds and max(seconds) > 0:
+        out["rollout/episode_s_max"] = max(seconds)
+    return out
+
+
+def make_samples(
+    episodes: list[Episode], cfg: TrainConfig, version: int
+) -> tuple[list[Sample], dict[str, float]]:
+    """Filter episodes into training samples with GRPO advantages.
+
+    Drops untrainable episodes (error/aborted, nothing sampled), episodes older than
+    ``max_staleness`` versions, and (``filter_groups``) groups whose rewards are all equal;
+    keeps at most ``batch_size`` groups.
+    """
+    from vime.trainer.losses import grpo_advantages
+
+    keep = [ep for ep in episodes if ep.trainable]
+    fresh = [ep for ep in keep if ep.min_weight_version >= version - cfg.rollout.max_staleness]
+    groups: dict[str, list[Episode]] = {}
+    for ep in fresh:
+        groups.setdefault(ep.group_id, []).append(ep)
+    total_groups = len(groups)
+    if cfg.rollout.filter_groups:
+        groups = {g: eps for g, eps in groups.items() if len({ep.reward for ep in eps}) > 1}
+    chosen = list(groups.values())[: cfg.rollout.batch_size]
+    flat = [ep for eps in chosen for ep in eps]
+    advantages = grpo_advantages(
+        [ep.reward for ep in flat],
+        [ep.group_id for ep in flat],
+        normalize_std=cfg.rollout.normalize_std,
+    )
+    samples = [Sample.from_episode(ep, adv) for ep, adv in zip(flat, advantages, strict=True)]
+    stats = {
+        "samples/trained": float(len(samples)),
+        "samples/stale_dropped": float(len(keep) - len(fresh)),
+        "samples/groups_kept_frac": len(chosen) / max(total_groups, 1),
+    }
+    return samples, stats
+
+
+async def evaluate(
+    policy: Any, model_dir: Path, cfg: TrainConfig, tasks: list[dict[str, Any]]
+) -> dict[str, float]:
+    """Greedy evaluation on ``tasks`` with the same agent code; returns ``eval/*`` metrics."""
+    import dataclasses
+
+    import vime.envs as envs
+    from vime.agents.collector import Collector
+
+    collector_cfg = dataclasses.replace(
+        cfg.rollout.collector,
+        n_samples=1,
+        sampling=dataclasses.replace(cfg.rollout.collector.sampling, temperature=0.0),
+        progress=False,
+    )
+    collector = Collector(policy, model_dir, collector_cfg)
+    try:
+        episodes = await collector.collect(tasks, lambda: envs.make(cfg.env.id, **cfg.env.kwargs))
+    finally:
+        collector.close()
+    n = max(len(episodes), 1)
+    return {
+        "eval/reward": sum(ep.reward for ep in episodes) / n,
+        "eval/completed": sum(ep.status.value == "completed" for ep in episodes) / n,
+    }
+
+
+# ---------------------------------------------------------------- setup helpers
+
+
+def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
+    """The HF folder the policy starts from: the user's, or the tiny model (+ warm start)."""
+    from vime.models.tiny import build_tiny_model
+    from vime.rl.warm_start import warm_start
+
+    if cfg.model.path:
+        path = Path(cfg.model.path)
+        if not (path / "config.json").exists():
+            raise ConfigError(
+                f"model.path: {path} is not an HF checkpoint folder (no config.json)",
+                key="model.path",
+            )
+        return path
+    base = build_tiny_model()
+    if cfg.model.warm_start_steps == 0:
+        return base
+    cache = Path(os.environ.get("VIME_CACHE_DIR", PROJECT_ROOT / ".cache")) / "models"
+    return warm_start(base, cfg.model, cfg.env, cache)
+
+
+def _train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
+    from vime.rl.tasks import builtin_tasks
+
+    return builtin_tasks(
+        cfg.env.builtin_tasks, cfg.env.builtin_args, cfg.env.tasks.path, seed=cfg.env.tasks.seed
+    )
+
+
+def _eval_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
+    from vime.rl.tasks import builtin_tasks
+
+    if cfg.env.eval_size == 0:
+        return []
+    # Another seed than training: held-out tasks for the bundled generators.
+    tasks = builtin_tasks(
+        cfg.env.builtin_tasks,
+        cfg.env.builtin_args,
+        cfg.env.eval_tasks,
+        seed=cfg.env.tasks.seed + 1_000_003,
+    )
+    return tasks[: cfg.env.eval_size]
+
+
+def _open_run(cfg: TrainConfig) -> RunDir:
+    from omegaconf import OmegaConf
+
+    if cfg.resume:
+        run = RunDir.open(cfg.resume)
+    else:
+        name = cfg.name or cfg.env.id.split("/")[-1].split("-")[0].lower()
+        run = RunDir.create(cfg.run_root, name)
+    # The config used is saved on every (re)start; a resumed run appends its overrides.
+    run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    return run
+
+
+@contextlib.contextmanager
+def _engine(cfg: TrainConfig, model_dir: Path, run: RunDir) -> Iterator[Any]:
+    import dataclasses
+
+    from vime.engine import VLLMServer
+
+    if cfg.engine.url:
+        yield VLLMServer.attach(cfg.engine.url)
+        return
+    engine_cfg = dataclasses.replace(
+        cfg.engine, model=str(model_dir), log_dir=cfg.engine.log_dir or str(run.logs)
+    )
+    server = VLLMServer(engine_cfg)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _restore(run: RunDir, trainer: Any, tasks: Any) -> int:
+    """Load the newest checkpoint (if any); returns the step it ended."""
+    ckpt = run.latest_checkpoint()
+    if ckpt is None:
+        return 0
+    state = read_state(ckpt)
+    trainer.load_checkpoint(ckpt / "trainer")
+    tasks.load_state_dict(state["tasks"])
+    log.info("resumed from %s (step %d)", ckpt, state["step"])
+    return int(state["step"])
+
+
+def _checkpoint(run: RunDir, trainer: Any, tasks: Any, step: int) -> None:
+    folder = run.checkpoint(step)
+    folder.mkdir(parents=True, exist_ok=True)
+    trainer.save_checkpoint(folder / "trainer")
+    write_state(folder, {"step": step, "tasks": tasks.state_dict(), "weight_version": step})
+
+
+# ---------------------------------------------------------------- command line
+
+
+def main(argv: list[str]) -> int:
+    """``vime-agent train [group=option ...] [key=value ...]``."""
+    if any(a in ("-h", "--help") for a in argv):
+        print("usage: vime-agent train [group=option ...] [key=value ...]\n")
+        print(describe())
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    cfg = load_config(argv)
+    result = train(cfg)
+    print(f"run folder: {result.run_dir}", file=sys.stderr)
+    return 0
