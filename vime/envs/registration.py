@@ -143,6 +143,8 @@ def make(id: str, **kwargs: Any) -> EpisodeGuard:
     """Build the env registered as ``id`` with the standard wrappers.
 
     ``kwargs`` override the registered defaults; ``max_turns=`` overrides the turn limit.
+    Like ``gymnasium.make``, ``"module:ns/Name-v0"`` first imports ``module`` (which calls
+    ``register``), so a command line can name an env defined in the user's own file.
     Returns an :class:`~vime.envs.wrappers.EpisodeGuard` (the outer wrapper): use it like
     the env itself (``reset``, ``step``, ``tools``, ``env_id``, ``episode_metrics``, ``close``).
 
@@ -151,6 +153,9 @@ def make(id: str, **kwargs: Any) -> EpisodeGuard:
         >>> env.env_id
         'vime/Math-v0'
     """
+    if ":" in id:
+        module_name, _, id = id.partition(":")
+        _import_user_module(module_name, id)
     spec = registry.get(id)
     if spec is None:
         close = difflib.get_close_matches(id, list(registry), n=3, cutoff=0.4)
@@ -182,6 +187,25 @@ def make(id: str, **kwargs: Any) -> EpisodeGuard:
             gymnasium.spec(id), kwargs={**spec.defaults, **kwargs}, max_episode_steps=max_turns
         )
     return wrap(env, env_id=id, max_turns=max_turns)
+
+
+def _import_user_module(module_name: str, env_id: str) -> None:
+    """Import the module that registers ``env_id`` (the ``module:`` part of an id)."""
+    import os
+    import sys
+
+    # Console scripts don't put the working directory on sys.path (``python -m`` does),
+    # and a user's env file usually lives there. Appended, so it never shadows packages.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        importlib.import_module(module_name)
+    except Exception as err:
+        raise EnvError(
+            f"{env_id}: cannot import {module_name!r} ({type(err).__name__}: {err}); run from "
+            f"the folder that holds {module_name.replace('.', '/')}.py, or install it",
+            env_id=env_id,
+        ) from err
 
 
 def _key(spec: EnvSpec) -> tuple[str, str, int | None, bool]:

@@ -1,0 +1,121 @@
+"""The math reward on a table of cases, its guards against pathological input, and threads."""
+
+import threading
+import time
+
+import pytest
+
+from envs.math.reward import extract_boxed, is_pathological, score_answer
+
+B = "\\boxed"
+CASES = [
+    # (response, gold, reward)  -- equivalent forms
+    (f"{B}{{95}}", "95", 1.0),
+    (f"37 + 58 = 95. The answer is {B}{{95}}", "95", 1.0),
+    (f"{B}{{ 95 }}", "95", 1.0),
+    (f"{B}{{95.0}}", "95", 1.0),
+    (f"{B}{{0.5}}", "1/2", 1.0),
+    (f"{B}{{\\frac{{1}}{{2}}}}", "0.5", 1.0),
+    (f"{B}{{\\dfrac{{1}}{{2}}}}", "1/2", 1.0),
+    (f"{B}{{1/2}}", "\\frac{1}{2}", 1.0),
+    (f"{B}{{-3}}", "-3", 1.0),
+    (f"{B}{{1,000}}", "1000", 1.0),
+    (f"{B}{{1{{,}}000}}", "1000", 1.0),
+    (f"{B}{{$72$}}", "72", 1.0),
+    (f"{B}{{72.}}", "72", 1.0),
+    (f"{B}{{(x+1)^2}}", "x^2+2x+1", 1.0),
+    (f"{B}{{\\frac{{\\sqrt{{2}}}}{{2}}}}", "\\frac{1}{\\sqrt{2}}", 1.0),
+    (f"{B}{{2\\pi}}", "2\\pi", 1.0),
+    (f"{B}{{x=3}}", "3", 1.0),
+    ("\\fbox{12}", "12", 1.0),
+    (f"{B}{{1}} first guess, final: {B}{{2}}", "2", 1.0),  # the last box counts
+    # wrong answers
+    (f"{B}{{96}}", "95", 0.0),
+    (f"{B}{{0.51}}", "1/2", 0.0),
+    (f"{B}{{-95}}", "95", 0.0),
+    (f"{B}{{x^2+1}}", "(x+1)^2", 0.0),
+    (f"{B}{{2}} then {B}{{1}}", "2", 0.0),
+    (f"{B}{{}}", "4", 0.0),
+    # missing or broken box: a format failure, 0 not a crash
+    ("95", "95", 0.0),
+    ("The answer is 95.", "95", 0.0),
+    ("", "95", 0.0),
+    (f"{B}{{95", "95", 0.0),
+    ("\\boxed 95", "95", 0.0),
+    # garbage
+    (f"{B}{{banana}}", "95", 0.0),
+    (f"{B}{{\\frac{{1}}{{0}}}}", "1", 0.0),
+    (f"{B}{{}}}}}}{{{{", "1", 0.0),
+    ("\x00\x01\ufffd" * 50, "1", 0.0),
+    (f"{B}{{\\undefinedmacro{{3}}}}", "3", 0.0),
+    # huge or pathological strings
+    ("9" * 200_000, "9", 0.0),
+    (f"{B}{{{'9' * 5000}}}", "9", 0.0),
+    (f"{B}{{9^{{9^{{9}}}}}}", "1", 0.0),
+    (f"{B}{{10^{{10^{{10}}}}}}", "1", 0.0),
+    (f"{B}{{9**9**9}}", "1", 0.0),
+    (f"{B}{{2^{{100000000}}}}", "1", 0.0),
+    (f"{B}{{123456!}}", "1", 0.0),
+    ("x" * 1_000_000 + f"{B}{{7}}", "7", 1.0),  # a long answer with a valid box still scores
+]
+
+
+@pytest.mark.parametrize(
+    ("response", "gold", "reward"), CASES, ids=[f"case{i}" for i in range(len(CASES))]
+)
+def test_reward_table(response, gold, reward):
+    score = score_answer(response, gold)
+    assert score.reward == reward, score
+    assert score.correct == (reward == 1.0)
+
+
+def test_table_is_big_enough():
+    assert len(CASES) >= 30
+
+
+def test_score_details():
+    assert score_answer("no box here", "1").reason == "no_box"
+    wrong = score_answer(f"{B}{{3}}", "4")
+    assert (wrong.format_ok, wrong.extracted, wrong.reason) == (True, "3", "wrong")
+    assert score_answer(f"{B}{{9^{{9^{{9}}}}}}", "1").reason == "refused"
+    assert score_answer(f"{B}{{{'1' * 400}}}", "1").reason == "too_long"
+
+
+def test_extract_boxed_balances_braces():
+    assert extract_boxed(f"{B}{{\\frac{{a}}{{b}}}} end") == "\\frac{a}{b}"
+    assert extract_boxed(f"{B}{{unclosed") is None
+
+
+def test_guards():
+    assert is_pathological("2^{1000000000}") and is_pathological("e^{x^{2}}")
+    assert not is_pathological("x^{12}+y^2") and not is_pathological("2^{10}")
+
+
+def test_pathological_inputs_are_fast():
+    start = time.perf_counter()
+    for response, gold, _ in CASES[-8:]:
+        score_answer(response, gold)
+    assert time.perf_counter() - start < 5.0
+
+
+def test_scoring_works_in_worker_threads():
+    """math-verify's signal-based timeout would fail outside the main thread; ours must not."""
+    symbolic = [(r, g, w) for r, g, w in CASES if "x" in g or "pi" in g or "sqrt" in g]
+    results: dict[int, float] = {}
+    errors = []
+
+    def work(i, response, gold):
+        try:
+            results[i] = score_answer(response, gold).reward
+        except Exception as err:  # pragma: no cover - the assertion below reports it
+            errors.append(err)
+
+    threads = [
+        threading.Thread(target=work, args=(i, r, g)) for i, (r, g, _) in enumerate(symbolic)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert [results[i] for i in range(len(symbolic))] == [w for _, _, w in symbolic]
