@@ -67,7 +67,9 @@ def _chunk(
     tp_rank: int,
     with_entropy: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = (hidden @ weight.t()).float()
+    logits = hidden @ weight.t()
+    # bf16/fp16 logits are upcast (as vLLM does); fp64 stays fp64 (for exact tests).
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
         logits = logits / temperature
     local_vocab = logits.shape[-1]
@@ -118,7 +120,7 @@ def token_logprobs(
         vocab_size: the true vocabulary size; columns beyond it (padding) are masked.
         with_entropy: also compute the entropy (else zeros are returned for it).
 
-    Returns ``(logprobs [N], entropy [N])`` in fp32, differentiable w.r.t. hidden and weight.
+    Returns ``(logprobs [N], entropy [N])`` in fp32 (fp64 for fp64 inputs), differentiable w.r.t. hidden and weight.
 
     Example:
         >>> import torch

@@ -175,10 +175,10 @@ def policy_loss(
     adv = advantages if advantages.dim() == 2 else advantages[:, None].expand_as(logp)
     adv = adv.to(logp.dtype)
     if cfg.policy_loss == "gspo":
-        # GSPO: s_i = exp(mean_t(logp − old)); the token form s_i · exp(logp − sg(logp)) has
-        # the sequence ratio's value and gives every token of the row the same weight.
+        # GSPO: one ratio per sequence, s_i = exp(mean_t(logp − old)), shared by its tokens
+        # (its gradient reaches every token of the row through the mean).
         seq_log_ratio = _masked_seq_mean(logp - old_logp, mask)
-        ratio = torch.exp(seq_log_ratio.detach()[:, None] + logp - logp.detach())
+        ratio = torch.exp(seq_log_ratio)[:, None].expand_as(logp)
     else:
         ratio = torch.exp(logp - old_logp)
     unclipped = ratio * adv
