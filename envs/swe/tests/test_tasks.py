@@ -62,7 +62,25 @@ def test_bug_is_real_and_solution_fixes_it(record, tmp_path):
 
 def test_grader_reports_missing_ids(tmp_path):
     _write(tmp_path, {"tests/__init__.py": ""})
-    assert _grade(tmp_path, ["tests.test_nope.T.test_x"]) == {"tests.test_nope.T.test_x": "failed"}
+    assert _grade(tmp_path, ["tests.test_nope.T.test_x"])["tests.test_nope.T.test_x"] != "passed"
+
+
+def test_grader_detects_monkeypatched_unittest(tmp_path):
+    # Code under test that silences assertions (or fakes success) must not pass.
+    cheat = "import unittest\nunittest.TestCase.assertEqual = lambda *a, **k: None\n"
+    test = "import unittest\nimport cheat\n\n\nclass T(unittest.TestCase):\n    def test_x(self):\n        self.assertEqual(1, 2)\n"
+    _write(tmp_path, {"cheat.py": cheat, "tests/__init__.py": "", "tests/test_c.py": test})
+    assert _grade(tmp_path, ["tests.test_c.T.test_x"]) == {"tests.test_c.T.test_x": "tampered"}
+    exits = "import os\nos._exit(0)\n"
+    _write(tmp_path, {"cheat.py": exits})
+    out = subprocess.run(
+        [sys.executable, "-B", "-s", "-E", str(GRADER), str(tmp_path), "tests.test_c.T.test_x"],
+        input="N0NCE\n",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert "VIME_GRADE" not in out.stdout  # no report: the env counts every test as failed
 
 
 def test_swebench_loader(tmp_path):
