@@ -90,8 +90,23 @@ def arithmetic_suite(n: int, *, seed: int = 0, levels: Sequence[str] = tuple(LEV
     return tasks
 
 
-def _final_answer(record: dict[str, Any]) -> dict[str, Any]:
-    """Map one GSM8K- or MATH-style record to ``{"question", "answer", ...}``."""
+def math_task(record: dict[str, Any]) -> dict[str, Any]:
+    r"""Map one GSM8K- or MATH-style record to ``{"question", "answer", ...}`` (a new dict).
+
+    GSM8K answers end with ``#### 1,234`` (the reasoning before it is kept as
+    ``"reasoning"``, thousands separators dropped); MATH records give ``problem`` and a
+    ``solution`` whose last ``oxed{}`` is the answer (or an explicit ``answer``).
+    Records already in ``{"question", "answer"}`` form pass through.
+
+    Raises:
+        DataError: naming the missing or unusable field.
+
+    Example:
+        >>> math_task({"question": "How many?", "answer": "3 + 4 = 7\n#### 7"})["answer"]
+        '7'
+        >>> math_task({"problem": "Half?", "solution": r"It is $\boxed{\frac12}$."})["answer"]
+        '\\frac12'
+    """
     out = dict(record)
     if "question" in record:
         if record.get("answer") is None:
@@ -102,11 +117,9 @@ def _final_answer(record: dict[str, Any]) -> dict[str, Any]:
         if "####" in answer:  # GSM8K: reasoning, then '#### 72'
             out["reasoning"] = answer.split("####")[0].strip()
             answer = answer.split("####")[-1]
-        out["answer"] = (
-            answer.strip().replace(",", "")
-            if re.fullmatch(r"[\d,.\s-]+", answer.strip())
-            else answer.strip()
-        )
+        answer = answer.strip()
+        thousands = re.fullmatch(r"-?\d{1,3}(,\d{3})+(\.\d+)?", answer)
+        out["answer"] = answer.replace(",", "") if thousands else answer
     elif "problem" in record:
         out["question"] = str(record["problem"])
         if record.get("answer") is not None:
@@ -145,7 +158,7 @@ def load_math_jsonl(path: str | Path, *, limit: int | None = None) -> list[Task]
         >>> load_math_jsonl(p)[0]["answer"]
         '5'
     """
-    return load_tasks(path, limit=limit, transform=_final_answer)
+    return load_tasks(path, limit=limit, transform=math_task)
 
 
 def write_jsonl(tasks: Sequence[Task], path: str | Path) -> Path:

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envs.math.data import DEFAULT_LEVEL, LEVELS, arithmetic_task
+from envs.math.data import DEFAULT_LEVEL, LEVELS, arithmetic_task, math_task
 from envs.math.reward import score_answer
 from vime.config import require, require_choice
 from vime.envs import Env
@@ -59,7 +59,8 @@ class MathEnvConfig:
 class MathEnv(Env):
     r"""Single-turn math: ask one question, score the ``\boxed{}`` answer.
 
-    Task records: ``{"id", "question", "answer"}`` (``answer`` is the bare final answer).
+    Task records: ``{"id", "question", "answer"}`` (``answer`` is the bare final answer),
+    or raw GSM8K (``answer`` ending in ``#### N``) and MATH (``problem``/``solution``) records.
 
     Example:
         >>> env = MathEnv(level="add1")
@@ -72,6 +73,7 @@ class MathEnv(Env):
         super().__init__()
         self.config = MathEnvConfig(**options)
         self._result: dict[str, float] = {}
+        self._problem: dict[str, Any] = {}
 
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
@@ -79,14 +81,16 @@ class MathEnv(Env):
         super().reset(seed=seed, options=options)
         if not self.task:
             self.task = arithmetic_task(self.np_random, self.config.level)
-        for name in ("question", "answer"):
-            if self.task.get(name) is None:
-                raise DataError(
-                    f"math task {self.task.get('id')!r}: field {name!r} is missing; math tasks "
-                    "are {'id', 'question', 'answer'} (load files with envs.math.data.load_math_jsonl)"
-                )
+        try:
+            # Raw GSM8K/MATH records work too: the answer is taken from '#### N' or \boxed{}.
+            self._problem = math_task(self.task)
+        except DataError as err:
+            raise DataError(
+                f"math task {self.task.get('id')!r}: {err}; math tasks are "
+                "{'id', 'question', 'answer'} or GSM8K/MATH records"
+            ) from err
         self._result = {}
-        question = str(self.task["question"])
+        question = str(self._problem["question"])
         content = f"{question} {self.config.instruction}" if self.config.instruction else question
         messages: list[Message] = []
         if self.config.system_prompt:
@@ -95,7 +99,7 @@ class MathEnv(Env):
         return messages, {"task_id": self.task.get("id")}
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
-        score = score_answer(action.text, self.task["answer"])
+        score = score_answer(action.text, self._problem["answer"])
         self._result = {"correct": float(score.correct), "format_ok": float(score.format_ok)}
         info = {
             "correct": score.correct,

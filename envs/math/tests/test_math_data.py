@@ -49,14 +49,15 @@ def test_gsm8k_and_math_formats(tmp_path):
         [
             {"question": "q1", "answer": "work\n#### 1,234"},
             {"question": "q2", "answer": "-7"},
+            {"question": "q3", "answer": "1,2"},
             {"problem": "p1", "solution": "so $x=\\boxed{\\frac{1}{2}}$."},
             {"problem": "p2", "solution": "...", "answer": "\\sqrt{2}", "id": "math-2"},
         ],
     )
     tasks = load_math_jsonl(path)
-    assert [t["answer"] for t in tasks] == ["1234", "-7", "\\frac{1}{2}", "\\sqrt{2}"]
-    assert [t["question"] for t in tasks] == ["q1", "q2", "p1", "p2"]
-    assert tasks[0]["reasoning"] == "work" and tasks[3]["id"] == "math-2"
+    assert [t["answer"] for t in tasks] == ["1234", "-7", "1,2", "\\frac{1}{2}", "\\sqrt{2}"]
+    assert [t["question"] for t in tasks] == ["q1", "q2", "q3", "p1", "p2"]
+    assert tasks[0]["reasoning"] == "work" and tasks[4]["id"] == "math-2"
 
 
 @pytest.mark.parametrize(

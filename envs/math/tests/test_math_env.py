@@ -99,3 +99,16 @@ def test_steps_from_worker_threads():
     for t in threads:
         t.join()
     assert rewards == [1.0] * 4
+
+
+def test_raw_gsm8k_and_math_records_work_as_tasks():
+    """A task file loaded with plain load_tasks (as the RL loop does) still scores right."""
+    env = vime.make("vime/Math-v0")
+    gsm = {"id": "g1", "question": "How many?", "answer": "600+634=1234\n#### 1,234"}
+    env.reset(options={"task": gsm})
+    assert env.step(Action(text="\\boxed{1234}"))[1] == 1.0
+    math_row = {"id": "m1", "problem": "Half of one?", "solution": "It is $\\boxed{\\frac{1}{2}}$."}
+    messages, _ = env.reset(options={"task": math_row})
+    assert messages[-1]["content"].startswith("Half of one?")
+    assert env.step(Action(text="\\boxed{0.5}"))[1] == 1.0
+    assert env.task == math_row  # the record itself is kept as given
