@@ -197,3 +197,34 @@ def test_listing_imports_no_env_code():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "vime/Math-v0" in out.stdout and "envs.math.env:MathEnv" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+class BadExtras(Counter):
+    def reset(self, *, seed=None, options=None):
+        result = super().reset(seed=seed, options=options)
+        # Tools chosen per task are checked after reset.
+        bad = [{"type": "function", "function": {"name": "x"}}]
+        self.tools = bad if self.task.get("bad_tools") else None
+        return result
+
+    def episode_metrics(self):
+        if self.task.get("raise_metrics"):
+            raise ZeroDivisionError("no turns")
+        return {"turns": "three"}
+
+
+register("test/BadExtras-v0", entry_point=BadExtras, max_turns=2)
+
+
+def test_tools_and_metrics_are_checked_at_runtime():
+    env = make("test/BadExtras-v0")
+    with pytest.raises(EnvCheckError, match="parameters must be a JSON schema") as info:
+        env.reset(options={"task": {"id": "t1", "bad_tools": True}})
+    assert info.value.task_id == "t1"
+    env.reset(options={"task": {"id": "t2"}})
+    with pytest.raises(EnvCheckError, match=r"return float\(value\)"):
+        env.episode_metrics()
+    env.reset(options={"task": {"id": "t3", "raise_metrics": True}})
+    with pytest.raises(EnvError, match="episode_metrics\\(\\) raised ZeroDivisionError") as info:
+        env.episode_metrics()
+    assert info.value.task_id == "t3"

@@ -95,7 +95,7 @@ def check_main(argv: list[str]) -> int:
     for r in results:
         print(f"{'ok  ' if r.ok else 'FAIL'}  {r.name.ljust(width)}  {r.message}".rstrip())
     failed = sum(not r.ok for r in results)
-    print(f"{args.id}: {len(results) - failed}/{len(results)} checks passed")
+    print(f"{env.env_id}: {len(results) - failed}/{len(results)} checks passed")
     return 1 if failed else 0
 
 

@@ -125,18 +125,17 @@ def register(
             env_id=id,
         )
     registry[id] = spec
-    # Gymnasium keeps its own registry; give it the same entry point and limit.
-    # (Gymnasium warns when an id is re-registered; only re-register on a change.)
-    if old is None or _key(old) != _key(spec) or id not in gymnasium.registry:
-        gymnasium.registry.pop(id, None)
-        gymnasium.register(
-            id,
-            entry_point=entry_point,
-            max_episode_steps=max_turns,
-            nondeterministic=nondeterministic,
-            kwargs=dict(defaults),
-            disable_env_checker=True,  # Gymnasium's passive checker would run numpy checks on chat messages
-        )
+    # Gymnasium keeps its own registry: give it the same entry point and limit. Popping
+    # first avoids its "overriding" warning when a module is imported twice.
+    gymnasium.registry.pop(id, None)
+    gymnasium.register(
+        id,
+        entry_point=entry_point,
+        max_episode_steps=max_turns,
+        nondeterministic=nondeterministic,
+        kwargs=dict(defaults),
+        disable_env_checker=True,  # its passive checker expects numpy observations
+    )
 
 
 def make(id: str, **kwargs: Any) -> EpisodeGuard:

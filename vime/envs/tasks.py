@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 from collections.abc import Callable, Iterator, Sequence
@@ -240,7 +241,7 @@ class TaskSource:
             raise StopIteration
         task = self.tasks[int(self._order[self.index])]
         self.index += 1
-        return json.loads(json.dumps(task, default=str))  # callers may mutate their copy
+        return copy.deepcopy(task)  # callers may mutate their copy
 
     def take(self, n: int) -> list[Task]:
         """Up to ``n`` next tasks (fewer only when the last epoch ends).

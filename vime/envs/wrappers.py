@@ -31,7 +31,12 @@ from typing import Any
 
 import gymnasium
 
-from vime.envs.contract import validate_reset_result, validate_step_result
+from vime.envs.contract import (
+    validate_metrics,
+    validate_reset_result,
+    validate_step_result,
+    validate_tools,
+)
 from vime.errors import EnvError
 from vime.types import Action, Message
 
@@ -86,10 +91,15 @@ class ContractChecker(VimeWrapper):
     def reset(
         self, *, seed: int | None = None, options: dict[str, Any] | None = None
     ) -> tuple[list[Message], dict[str, Any]]:
-        return validate_reset_result(self.env.reset(seed=seed, options=options))
+        result = validate_reset_result(self.env.reset(seed=seed, options=options))
+        validate_tools(self.tools)  # after reset: an env may choose its tools per task
+        return result
 
     def step(self, action: Action) -> StepResult:
         return validate_step_result(self.env.step(action))
+
+    def episode_metrics(self) -> dict[str, float]:
+        return validate_metrics(super().episode_metrics())
 
 
 class TurnLimit(VimeWrapper):
@@ -182,6 +192,13 @@ class EpisodeGuard(VimeWrapper):
         if terminated or truncated:
             self.state = "done"
         return new_messages, float(reward), terminated, truncated, info
+
+    def episode_metrics(self) -> dict[str, float]:
+        """The env's per-episode metrics (validated: finite floats), or ``EnvError``."""
+        try:
+            return super().episode_metrics()
+        except Exception as err:
+            raise self._wrap(err, "episode_metrics") from err
 
     def close(self) -> None:
         try:
