@@ -9,7 +9,7 @@ wrapping (see :mod:`vime.envs.wrappers`). Entry points are ``"module:Class"`` st
 Example:
     >>> import vime
     >>> vime.register("demo/Echo-v0", entry_point="envs.math.env:MathEnv", max_turns=1)
-    >>> registry["demo/Echo-v0"].max_turns
+    >>> vime.registry["demo/Echo-v0"].max_turns
     1
 """
 
