@@ -20,6 +20,12 @@ engine refused the prompt), ``env`` (the env said truncated). Failures never esc
 an env exception, an env timeout or a template violation (in ``error`` mode) make an
 ``error`` episode; an unreachable engine makes an ``aborted`` one; each with the reason.
 
+``Episode.messages`` is the conversation exactly as the tokens hold it (assistant turns
+as their raw text, tool calls inside it), so ``tokenizer.decode(ep.tokens)`` equals its
+chat-template render for an append-only template. Env messages that arrive with the
+episode's end are not tokenized (nothing is trained on them); they are kept in
+``ep.metadata["final_messages"]``.
+
 Malformed tool calls (``Action.parse_errors``): with ``tool_parse_errors="observe"``
 (default) the collector answers that turn itself with a ``tool`` message listing what
 was wrong (the env is not stepped, the turn counts); with ``"env"`` the action goes to
@@ -253,22 +259,33 @@ class Collector:
 
     async def _prepare(self) -> None:
         self._abort.clear()
-        await self.client.model_name()
-        engine_len = await self.client.max_model_len()
+        try:
+            await self.client.model_name()
+            engine_len = await self.client.max_model_len()
+        except EngineUnavailableError as err:
+            # Not fatal: each episode retries and ends as aborted if the engine stays down.
+            logger.warning("%s", err)
+            engine_len = None
         self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
 
     async def _env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(*args)`` in the env thread pool, with the timeout; any failure is an EnvError."""
         loop = asyncio.get_running_loop()
         future = loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
+        name = getattr(fn, "__name__", "env call")
         try:
             return await asyncio.wait_for(future, self.config.env_timeout_s)
         except TimeoutError:
-            name = getattr(fn, "__name__", "env call")
+            # The thread cannot be killed; it finishes on its own and its result is dropped.
             raise _EpisodeEnd(
                 EpisodeStatus.ERROR,
                 f"env {name}() timed out after {self.config.env_timeout_s}s "
                 "(raise collector.env_timeout_s, or make the env faster)",
             ) from None
+        except EnvError:
+            raise
+        except Exception as err:  # an env not built by vime.make raises raw exceptions
+            raise EnvError(f"{name}() raised {type(err).__name__}: {err}") from err
 
     def _seed(self, task_id: str, index: int, turn: int) -> int | None:
         if self.config.seed is None:
@@ -284,7 +301,7 @@ class Collector:
         t_start = time.perf_counter()
         timings = {"reset_s": 0.0, "generate_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
         turns: list[Turn] = []
-        conversation: list[Message] = []
+        leftover: list[Message] = []  # env messages after the last turn (not tokenized)
         env: Any = None
         env_id = ""
         chat: ChatTokens | None = None
@@ -300,7 +317,6 @@ class Collector:
                 env.reset, seed=self._seed(task_id, index, -1), options={"task": task}
             )
             timings["reset_s"] = time.perf_counter() - t0
-            conversation = [dict(m) for m in messages]
             t0 = time.perf_counter()
             chat = ChatTokens(
                 self.tokenizer,
@@ -335,7 +351,6 @@ class Collector:
                 text = chat.add_sampled(out.token_ids, out.logprobs, out.weight_version)
                 action = self.parser(text)
                 timings["tokenize_s"] += time.perf_counter() - t0
-                conversation.append(action.to_message())
                 turn = Turn(
                     prompt_tokens=len(chat.tokens) - out.num_tokens,
                     completion_tokens=out.num_tokens,
@@ -351,7 +366,7 @@ class Collector:
                 new, step_reward, terminated, truncated, info = await self._step(env, action, turn)
                 timings["env_s"] += turn.env_step_s
                 reward += step_reward
-                conversation.extend(dict(m) for m in new)
+                leftover = [dict(m) for m in new]
                 if terminated:
                     status, reason = EpisodeStatus.COMPLETED, ""
                     break
@@ -364,12 +379,15 @@ class Collector:
                     status = EpisodeStatus.TRUNCATED
                     reason = "max_model_len" if hit_budget else "max_tokens"
                     break
+                if turn_index == cfg.max_turns - 1:
+                    break  # out of turns: no point tokenizing an observation nobody answers
                 t0 = time.perf_counter()
                 fits = chat.add_messages(new, max_total=budget)
                 timings["tokenize_s"] += time.perf_counter() - t0
                 if not fits:
                     status, reason = EpisodeStatus.TRUNCATED, "max_model_len"
                     break
+                leftover = []
         except _EpisodeEnd as end:
             status, reason = end.status, end.reason
         except EngineUnavailableError as err:
@@ -396,6 +414,8 @@ class Collector:
                     status, reason = EpisodeStatus.ERROR, f"template error: {err}"
         timings["total_s"] = time.perf_counter() - t_start
         metadata: dict[str, Any] = {"server": server}
+        if leftover:
+            metadata["final_messages"] = leftover
         if chat is not None and chat.mismatches:
             metadata["template_mismatches"] = chat.mismatches
             metrics["template_mismatch"] = 1.0
@@ -415,7 +435,7 @@ class Collector:
             sample_index=index,
             turns=turns,
             timings=timings,
-            messages=conversation,
+            messages=chat.messages if chat else [],
             metrics=metrics,
             metadata=metadata,
             uid=uid,

@@ -144,6 +144,7 @@ class PolicyClient:
         self._rr = 0
         self._model: str = config.model
         self._max_model_len: int | None = None
+        self._card_fetched = False
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -238,7 +239,7 @@ class PolicyClient:
 
     async def max_model_len(self) -> int | None:
         """The engine's context window, as reported by ``/v1/models`` (None if unknown)."""
-        if self._max_model_len is None:
+        if not self._card_fetched:
             await self._fetch_model_card()
         return self._max_model_len
 
@@ -251,6 +252,7 @@ class PolicyClient:
                 last = err
                 continue
             card = page.data[0]
+            self._card_fetched = True
             self._model = self._model or card.id
             extra = getattr(card, "model_extra", None) or {}
             if isinstance(extra.get("max_model_len"), int):
@@ -313,7 +315,7 @@ class PolicyClient:
             async for attempt in AsyncRetrying(
                 stop=stop_after_attempt(self.config.max_attempts),
                 wait=wait_exponential_jitter(
-                    initial=self.config.backoff_initial_s,
+                    multiplier=self.config.backoff_initial_s,
                     max=self.config.backoff_max_s,
                     jitter=self.config.backoff_initial_s,
                 ),

@@ -1,0 +1,169 @@
+"""PolicyClient error paths and load spreading.
+
+The happy path runs against the real vLLM server in test_collector_engine.py. Status codes
+a real server cannot be made to return on demand (503, 500) come from an in-process HTTP
+handler (httpx MockTransport) behind the real openai SDK client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+
+import httpx2
+import openai
+import pytest
+
+from vime.agents.policy_client import (
+    ContextLengthError,
+    EngineUnavailableError,
+    PolicyClient,
+    PolicyClientConfig,
+)
+from vime.errors import ConfigError, EngineError
+from vime.types import SamplingParams
+
+URL = "http://policy.test:8000"
+
+
+def completion(ids: list[int], **extra) -> dict:
+    return {
+        "choices": [
+            {
+                "index": 0,
+                "text": "",
+                "token_ids": ids,
+                "logprobs": {"token_logprobs": [-0.5] * len(ids)},
+                "finish_reason": "stop",
+                "stop_reason": None,
+                **extra,
+            }
+        ]
+    }
+
+
+def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
+    seen: list[dict] = []
+
+    def record(request: httpx2.Request) -> httpx2.Response:
+        seen.append(json.loads(request.content))
+        return handler(len(seen))
+
+    client = PolicyClient(
+        PolicyClientConfig(
+            urls=[URL], model="m", backoff_initial_s=0.001, backoff_max_s=0.01, **config
+        )
+    )
+    client._clients[URL] = openai.AsyncOpenAI(
+        base_url=f"{URL}/v1",
+        api_key="x",
+        max_retries=0,
+        http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(record)),
+    )
+    return client, seen
+
+
+def test_request_carries_token_ids_and_vllm_fields() -> None:
+    client, seen = client_with(lambda n: httpx2.Response(200, json=completion([7, 8, 2])))
+    params = SamplingParams(
+        temperature=0.7,
+        top_k=5,
+        max_tokens=30,
+        stop=["</x>"],
+        seed=3,
+        extra_body={"repetition_penalty": 1.1},
+    )
+    out = asyncio.run(client.generate([1, 2, 3], params, session="e1", max_tokens=9))
+    assert out.token_ids == [7, 8, 2] and out.logprobs == [-0.5] * 3 and out.finish_reason == "stop"
+    body = seen[0]
+    assert body["prompt"] == [1, 2, 3] and body["max_tokens"] == 9
+    assert body["return_token_ids"] is True and body["logprobs"] == 0
+    assert (body["temperature"], body["top_k"], body["stop"], body["seed"]) == (0.7, 5, ["</x>"], 3)
+    assert body["repetition_penalty"] == 1.1
+
+
+def test_5xx_is_retried_then_succeeds() -> None:
+    client, seen = client_with(
+        lambda n: (
+            httpx2.Response(503, json={"error": {"message": "busy"}})
+            if n < 3
+            else httpx2.Response(200, json=completion([5]))
+        )
+    )
+    out = asyncio.run(client.generate([1], SamplingParams(), session="e"))
+    assert out.attempts == 3 and len(seen) == 3
+
+
+def test_5xx_forever_gives_engine_unavailable_and_marks_server_down() -> None:
+    client, seen = client_with(
+        lambda n: httpx2.Response(500, json={"error": {"message": "boom"}}), max_attempts=3
+    )
+    with pytest.raises(EngineUnavailableError, match="HTTP 500 after 3 attempts: boom"):
+        asyncio.run(client.generate([1], SamplingParams(), session="e"))
+    assert len(seen) == 3
+
+
+def test_4xx_is_not_retried_and_context_length_is_its_own_error() -> None:
+    too_long = {
+        "error": {
+            "message": "This model's maximum context length is 1024 tokens. However, your prompt contains 2000 input tokens"
+        }
+    }
+    client, seen = client_with(lambda n: httpx2.Response(400, json=too_long))
+    with pytest.raises(ContextLengthError, match="maximum context length"):
+        asyncio.run(client.generate([1] * 2000, SamplingParams(), session="e"))
+    assert len(seen) == 1
+    client, seen = client_with(
+        lambda n: httpx2.Response(404, json={"error": {"message": "no model"}})
+    )
+    with pytest.raises(EngineError, match="HTTP 404: no model") as info:
+        asyncio.run(client.generate([1], SamplingParams(), session="e"))
+    assert not isinstance(info.value, EngineUnavailableError) and len(seen) == 1
+
+
+def test_malformed_response_is_an_engine_error() -> None:
+    client, _ = client_with(lambda n: httpx2.Response(200, json={"choices": [{"text": "hi"}]}))
+    with pytest.raises(EngineError, match="no token_ids"):
+        asyncio.run(client.generate([1], SamplingParams(), session="e"))
+
+
+def test_weight_version_from_client_or_response() -> None:
+    client, _ = client_with(lambda n: httpx2.Response(200, json=completion([5])))
+    client.set_weight_version(URL, 6)
+    assert asyncio.run(client.generate([1], SamplingParams(), session="e")).weight_version == 6
+    client, _ = client_with(
+        lambda n: httpx2.Response(200, json=completion([5], weight_version="9"))
+    )
+    assert asyncio.run(client.generate([1], SamplingParams(), session="e")).weight_version == 9
+    with pytest.raises(EngineError, match=r"not one of policy\.urls"):
+        client.set_weight_version("http://other:1", 1)
+
+
+def test_dead_server_is_unavailable_and_avoided() -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    client = PolicyClient.from_urls(dead, URL, model="m", max_attempts=2, backoff_initial_s=0.001)
+    assert client.server_for("a") == dead
+    with pytest.raises(EngineUnavailableError, match="unreachable after 2 attempts"):
+        asyncio.run(client.generate([1], SamplingParams(), session="a"))
+    client.release("a")
+    assert [client.server_for(s) for s in ("b", "c")] == [URL, URL]  # dead one is skipped
+
+
+def test_sessions_stick_and_spread() -> None:
+    client = PolicyClient.from_urls("http://a:1", "http://b:1", "http://c:1")
+    first = [client.server_for(f"s{i}") for i in range(6)]
+    assert sorted(first) == sorted(["http://a:1", "http://b:1", "http://c:1"] * 2)
+    assert client.server_for("s0") == first[0]  # affinity
+    client.release("s0")
+    client.release("s3")
+    assert client.server_for("new") == first[0]  # the least-loaded server
+
+
+def test_config_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"policy\.urls"):
+        PolicyClientConfig(urls=[])
+    with pytest.raises(ConfigError, match="http://"):
+        PolicyClientConfig(urls=["localhost:8000"])
