@@ -194,70 +194,70 @@ def _parse_pytest(output: str) -> dict[str, str]:
     return statuses
 
 
+def _write_tree(root: Path, files: dict[str, str | bytes]) -> None:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+
+
 def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> dict[str, str]:
     """In a fresh sandbox: repo, then the agent's diff, then the hidden tests; run them.
 
-    Returns one status per test id in ``fail_to_pass + pass_to_pass`` (``"failed"`` for
-    any the runner did not report).
+    Everything travels in two archives and runs as one script (few round trips). Returns
+    one status per test id in ``fail_to_pass + pass_to_pass`` (``"failed"`` for any the
+    runner did not report as passed). Raises ``ValueError`` if the diff does not apply.
     """
-    if task.files or task.repo_path:
-        setup_repo(sandbox, task, timeout)
     ids = task.fail_to_pass + task.pass_to_pass
+    nonce = secrets.token_hex(16)
+    g = _GRADER_DIR
+    stage: dict[str, str | bytes] = {"grader.py": GRADER_SCRIPT.read_text(), "nonce": nonce + "\n"}
+    stage.update({f"hidden/{rel}": content for rel, content in task.hidden_tests.items()})
+    lines = ["set -e", f"cd {shlex.quote(task.repo_dir)}"]
     if diff:
-        sandbox.write_file(
-            f"{_GRADER_DIR}/agent.patch", diff.encode("utf-8", errors="surrogateescape")
-        )
-        applied = sandbox.exec(
-            [*_GIT, "apply", "--whitespace=nowarn", f"{_GRADER_DIR}/agent.patch"],
-            timeout=timeout,
-            workdir=task.repo_dir,
-        )
-        if not applied.ok:
-            raise ValueError(f"the agent's diff does not apply: {applied.output.strip()[-300:]}")
-    for rel, content in task.hidden_tests.items():
-        sandbox.write_file(f"{task.repo_dir}/{rel}", content)
+        stage["agent.patch"] = diff.encode("utf-8", errors="surrogateescape")
+        apply = shlex.join([*_GIT, "apply", "--whitespace=nowarn", f"{g}/agent.patch"])
+        lines.append(f"{apply} || {{ echo VIME_AGENT_PATCH_FAILED; exit 3; }}")
+    if task.hidden_tests:
+        # Added after the agent's diff, so they replace anything the diff put there.
+        lines.append(f"cp -R {g}/hidden/. .")
     if task.test_patch:
-        sandbox.write_file(f"{_GRADER_DIR}/tests.patch", task.test_patch)
-        applied = sandbox.exec(
-            [*_GIT, "apply", f"{_GRADER_DIR}/tests.patch"], timeout=timeout, workdir=task.repo_dir
-        )
-        if not applied.ok:
-            raise ValueError(
-                f"the task's test_patch does not apply: {applied.output.strip()[-300:]}"
-            )
+        stage["tests.patch"] = task.test_patch
+        apply = shlex.join([*_GIT, "apply", f"{g}/tests.patch"])
+        lines.append(f"{apply} || {{ echo VIME_TEST_PATCH_FAILED; exit 4; }}")
     if task.runner == "unittest":
-        nonce = secrets.token_hex(16)
-        sandbox.write_file(f"{_GRADER_DIR}/grader.py", GRADER_SCRIPT.read_text())
-        sandbox.write_file(f"{_GRADER_DIR}/nonce", nonce + "\n")
-        # exec: no shell stays around with the nonce path; the grader deletes the file first.
-        cmd = (
-            f"exec python3 -B -s -E {_GRADER_DIR}/grader.py --nonce-file {_GRADER_DIR}/nonce "
-            f"{shlex.quote(task.repo_dir)} {shlex.join(ids)} > {_GRADER_DIR}/out.txt 2>&1"
+        # exec: no shell stays around; the grader reads and deletes the nonce file first.
+        lines.append(
+            f"exec python3 -B -s -E {g}/grader.py --nonce-file {g}/nonce "
+            f"{shlex.quote(task.repo_dir)} {shlex.join(ids)} > {g}/out.txt 2>&1"
         )
-        result = sandbox.exec(["/bin/sh", "-c", cmd], timeout=timeout, workdir=task.repo_dir)
-        output = (
-            ""
-            if result.timed_out
-            else sandbox.read_file(f"{_GRADER_DIR}/out.txt").decode(errors="replace")
-        )
-        reported: dict[str, str] = {}
+        shell = "/bin/sh"
+    else:
+        setup = f"{task.setup_cmd}; " if task.setup_cmd else ""
+        lines.append(f"set +e; {setup}{task.test_cmd} > {g}/out.txt 2>&1; true")
+        shell = "bash"
+    with tempfile.TemporaryDirectory(prefix="vime-grade-") as tmp:
+        if task.files:
+            _write_tree(Path(tmp) / "repo", dict(task.files))
+            sandbox.copy_in(Path(tmp) / "repo", task.repo_dir)
+        elif task.repo_path:
+            sandbox.copy_in(task.repo_path, task.repo_dir)
+        _write_tree(Path(tmp) / "stage", stage)
+        sandbox.copy_in(Path(tmp) / "stage", g)
+    result = sandbox.exec([shell, "-c", "\n".join(lines)], timeout=timeout)
+    if "VIME_AGENT_PATCH_FAILED" in result.stdout:
+        raise ValueError(f"the agent's diff does not apply: {result.stderr.strip()[-300:]}")
+    if "VIME_TEST_PATCH_FAILED" in result.stdout:
+        raise ValueError(f"the task's test_patch does not apply: {result.stderr.strip()[-300:]}")
+    output = "" if result.timed_out else sandbox.read_file(f"{g}/out.txt").decode(errors="replace")
+    reported: dict[str, str] = {}
+    if task.runner == "unittest":
         for line in output.splitlines():
             if line.startswith(f"VIME_GRADE {nonce} "):
                 reported = json.loads(line.split(" ", 2)[2])
     else:
-        cmd = f"{task.setup_cmd + '; ' if task.setup_cmd else ''}{task.test_cmd} > {_GRADER_DIR}/out.txt 2>&1"
-        sandbox.exec(["/bin/sh", "-c", f"mkdir -p {_GRADER_DIR}"], timeout=timeout)
-        result = sandbox.exec(["bash", "-c", cmd], timeout=timeout, workdir=task.repo_dir)
-        output = (
-            ""
-            if result.timed_out
-            else sandbox.read_file(f"{_GRADER_DIR}/out.txt").decode(errors="replace")
-        )
         reported = _parse_pytest(output)
-    return {
-        i: reported.get(i, "failed") if reported.get(i) in ("passed", "failed") else "failed"
-        for i in ids
-    }
+    return {i: "passed" if reported.get(i) == "passed" else "failed" for i in ids}
 
 
 def grade(
