@@ -18,6 +18,7 @@ from vime.sandbox.images import (
     build_base_image,
     build_image_from_dockerfile,
     build_layered_image,
+    distribute_image,
 )
 from vime.sandbox.pool import SandboxPool
 
@@ -32,4 +33,5 @@ __all__ = [
     "build_base_image",
     "build_image_from_dockerfile",
     "build_layered_image",
+    "distribute_image",
 ]

@@ -22,8 +22,8 @@ from typing import Protocol, runtime_checkable
 class ExecResult:
     """What one command in a sandbox did.
 
-    - ``exit_code``: the command's exit status (137 = SIGKILL, e.g. OOM or timeout;
-      -1 if no status could be read because the command was killed on a timeout).
+    - ``exit_code``: the command's exit status (137 = SIGKILL: the OOM killer, or a
+      timeout, which always reports 137; -1 if docker recorded no status).
     - ``stdout`` / ``stderr``: decoded as UTF-8 (invalid bytes replaced), each capped at
       the sandbox's ``max_output_bytes``.
     - ``timed_out``: the command hit its timeout and every process it left was killed.

@@ -15,6 +15,8 @@ How the guarantees are implemented:
   ``timeout`` + a few tens of ms, or declares the sandbox dead after ``kill_grace``.
 - **Output**: read frame by frame from the raw exec socket; past ``max_output_bytes`` per
   stream the bytes are drained and dropped, and the result is marked truncated.
+- **Background processes** (``cmd &``) keep the exec's output pipe open, and docker then
+  waits ~2 s before closing the stream: redirect their output (``cmd >log 2>&1 &``).
 - **Files** travel through ``exec`` stdin/stdout (``cat``/``tar``): docker's archive API
   cannot write to a read-only rootfs or see tmpfs mounts.
 
@@ -317,16 +319,20 @@ class DockerSandbox:
         start = time.monotonic()
         deadline = start + limit
         out, err = _Capped(cap), _Capped(cap)
-        with docker_errors(f"running {argv[:3]!r}", host=self.host, container=self.id):
-            exec_id = self._api.exec_create(
-                self.id,
-                argv,
-                stdin=stdin is not None,
-                user=self.config.user,
-                environment=env or None,
-                workdir=workdir,
-            )["Id"]
-            sock = self._api.exec_start(exec_id, socket=True)
+        try:
+            with docker_errors(f"running {argv[:3]!r}", host=self.host, container=self.id):
+                exec_id = self._api.exec_create(
+                    self.id,
+                    argv,
+                    stdin=stdin is not None,
+                    user=self.config.user,
+                    environment=env or None,
+                    workdir=workdir,
+                )["Id"]
+                sock = self._api.exec_start(exec_id, socket=True)
+        except SandboxError:
+            self._raise_if_container_gone("the command could not start", settle=0.0)
+            raise
         raw = getattr(sock, "_sock", sock)
         timed_out = False
         try:
@@ -349,14 +355,16 @@ class DockerSandbox:
                     closer.close()
                 except Exception:
                     pass
+        if timed_out:
+            # PID 1 ran the kill, so the container was alive a moment ago; skipping the
+            # exec/container inspection keeps the return within a few ms of the limit.
+            # (If it died meanwhile, the next call finds out.)
+            return out, err, 137, True, time.monotonic() - start
         code = self._exit_code(exec_id)
-        if code is None or code in (137, -1) or timed_out:
-            # SIGKILL: our own timeout kill, the OOM killer, or the container itself died.
-            # After our own kill PID 1 is known alive, so one look is enough.
-            self._raise_if_container_gone(
-                "it died while a command was running", settle=0.0 if timed_out else 0.25
-            )
-        return out, err, -1 if code is None else code, timed_out, time.monotonic() - start
+        if code is None or code in (137, -1):
+            # SIGKILL: the OOM killer, or the container itself died.
+            self._raise_if_container_gone("it died while a command was running")
+        return out, err, -1 if code is None else code, False, time.monotonic() - start
 
     def _send_stdin(self, raw: Any, data: bytes, deadline: float) -> None:
         raw.settimeout(max(0.1, deadline - time.monotonic()))
@@ -364,6 +372,8 @@ class DockerSandbox:
             raw.sendall(data)
             # Half-close: the command sees EOF on stdin and can finish.
             raw.shutdown(socket.SHUT_WR)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the command exited without reading it all: its exit status says why
         finally:
             raw.settimeout(None)
 

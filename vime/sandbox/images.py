@@ -341,6 +341,37 @@ def build_layered_image(
     return tag
 
 
+def distribute_image(tag: str, hosts: Sequence[str]) -> list[str]:
+    """Copy ``tag`` to every host in ``hosts`` that lacks it (docker save → load, streamed).
+
+    The image must exist on at least one of the hosts. Returns the hosts it was copied to.
+    This is how a task image built on one machine reaches the other sandbox hosts
+    without a registry.
+
+    Example:
+        >>> distribute_image("vime/layer:9d1c2b3a4f5e", ["unix:///a.sock", "tcp://b:2375"])  # doctest: +SKIP
+        ['tcp://b:2375']
+    """
+    unique = list(dict.fromkeys(hosts))
+    have = [h for h in unique if image_exists(tag, host=h)]
+    missing = [h for h in unique if h not in have]
+    if not missing:
+        return []
+    if not have:
+        raise SandboxError(
+            f"distribute_image: {tag} exists on none of {unique}; build it on one of them first"
+        )
+    source = docker_client(have[0])
+    for host in missing:
+        with docker_errors(f"copying image {tag} from {have[0]}", host=host):
+            docker_client(host).api.load_image(source.api.get_image(tag))
+        if not image_exists(tag, host=host):
+            raise SandboxError(
+                f"distribute_image: loading {tag} on {host} reported success but it is missing"
+            )
+    return missing
+
+
 def build_image_from_dockerfile(
     path: str | Path, *, tag: str | None = None, host: str | None = None
 ) -> str:

@@ -83,6 +83,11 @@ class SandboxPool:
         self._async_threads = ThreadPoolExecutor(
             max_workers=size + 4, thread_name_prefix="vime-pool-async"
         )
+        if self.config.image and len(set(self.hosts)) > 1:
+            # A task image built on one host must exist on all of them (no registry).
+            from vime.sandbox.images import distribute_image
+
+            distribute_image(self.config.image, self.hosts)
         with self._cond:
             for _ in range(size):
                 self._spawn_locked()

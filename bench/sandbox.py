@@ -1,0 +1,156 @@
+"""Sandbox benchmark: each figure is printed next to its baseline, measured in the same run.
+
+1. Pool ``acquire`` p50/p95 vs a cold ``containers.run`` (target: acquire >= 10x faster).
+2. ``DockerSandbox.exec`` vs the raw docker-SDK ``exec_run`` on the same container
+   (target: <= 1.1x).
+3. Episodes per minute for a 5-exec episode (acquire, 5 commands, release with reset) at
+   1, 8 and 32 concurrent sandboxes.
+
+Usage (dockerd from scripts/dockerd.sh; the base image is built if missing):
+
+    DOCKER_HOST=$(bash scripts/dockerd.sh start) .venv/bin/python bench/sandbox.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from vime.sandbox import DockerSandbox, SandboxConfig, SandboxPool, build_base_image
+from vime.sandbox.client import docker_client
+
+RUN_ID = "bench-sandbox"
+EPISODE = [
+    "echo start > /workspace/log",
+    "ls -la /workspace",
+    "python3 -c 'print(sum(range(1000)))'",
+    "cat /workspace/log",
+    "wc -c /workspace/log",
+]
+
+
+def pct(values: list[float], q: float) -> float:
+    """The q-quantile (0..1) of ``values``, nearest rank."""
+    s = sorted(values)
+    return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
+
+
+def ms(x: float) -> str:
+    return f"{x * 1000:7.1f} ms" if x >= 0.001 else f"{x * 1e6:7.1f} µs"
+
+
+def bench_acquire(cfg: SandboxConfig, n_cold: int, n_acquire: int) -> None:
+    client = docker_client(cfg.hosts()[0])
+    cold = []
+    for _ in range(n_cold):
+        t0 = time.perf_counter()
+        c = client.containers.run(
+            cfg.image,
+            ["sleep", "infinity"],
+            detach=True,
+            network_mode="none",
+            labels={"vime.sandbox": "1", "vime.run": RUN_ID},
+        )
+        cold.append(time.perf_counter() - t0)
+        c.remove(force=True)
+    sandbox_cold = []
+    for _ in range(max(3, n_cold // 2)):
+        t0 = time.perf_counter()
+        DockerSandbox(cfg).close()
+        sandbox_cold.append(time.perf_counter() - t0)
+    with SandboxPool(cfg, size=4) as pool:
+        pool.wait_ready(120)
+        lat = []
+        for _ in range(n_acquire):
+            t0 = time.perf_counter()
+            sb = pool.acquire(timeout=60)
+            lat.append(time.perf_counter() - t0)
+            sb.exec("true", timeout=10)  # a minimal episode, so the reset has work to overlap
+            pool.release(sb)
+    p50, p95 = pct(lat, 0.5), pct(lat, 0.95)
+    cold50 = statistics.median(cold)
+    print("1. acquire vs cold start")
+    print(
+        f"   cold containers.run        p50 {ms(cold50)}  p95 {ms(pct(cold, 0.95))}  (n={n_cold})"
+    )
+    print(
+        f"   cold DockerSandbox()       p50 {ms(statistics.median(sandbox_cold))}  (create+start, locked down)"
+    )
+    print(
+        f"   pool.acquire (size 4)      p50 {ms(p50)}  p95 {ms(p95)}  (n={n_acquire}, release resets)"
+    )
+    print(
+        f"   => acquire p50 is {cold50 / p50:,.0f}x faster than a cold start (p95: {cold50 / p95:,.0f}x); target >= 10x"
+    )
+
+
+def bench_exec(cfg: SandboxConfig, n: int) -> None:
+    with DockerSandbox(cfg) as sb:
+        container = docker_client(sb.host).containers.get(sb.id)
+        rows = []
+        for argv in (["true"], ["python3", "-c", "print(1)"]):
+            raw, ours = [], []
+            for _ in range(3):  # warm both paths
+                container.exec_run(argv, user=cfg.user)
+                sb.exec(argv, timeout=30)
+            for _ in range(n):  # interleaved, so drift in machine load hits both alike
+                t0 = time.perf_counter()
+                code, _ = container.exec_run(argv, user=cfg.user)
+                raw.append(time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                res = sb.exec(argv, timeout=30)
+                ours.append(time.perf_counter() - t0)
+                assert code == 0 and res.exit_code == 0
+            rows.append((" ".join(argv), statistics.median(raw), statistics.median(ours)))
+    print("2. exec overhead vs raw docker-SDK exec_run (same container, medians)")
+    for name, r, o in rows:
+        print(f"   {name:28s} raw {ms(r)}  vime {ms(o)}  => {o / r:.2f}x (target <= 1.1x)")
+
+
+def bench_episodes(cfg: SandboxConfig, levels: list[int], episodes_per_slot: int) -> None:
+    print(f"3. episodes/minute, one episode = acquire + {len(EPISODE)} execs + release(reset)")
+    for conc in levels:
+        with SandboxPool(cfg, size=conc) as pool:
+            t0 = time.perf_counter()
+            pool.wait_ready(300)
+            warm = time.perf_counter() - t0
+
+            def episode(_: int) -> None:
+                with pool.session(timeout=120) as sb:
+                    for cmd in EPISODE:
+                        res = sb.exec(cmd, timeout=30)
+                        assert res.exit_code == 0, res
+
+            total = max(12, conc * episodes_per_slot)
+            t0 = time.perf_counter()
+            with ThreadPoolExecutor(max_workers=conc) as ex:
+                list(ex.map(episode, range(total)))
+            wall = time.perf_counter() - t0
+        print(
+            f"   {conc:3d} concurrent: {total / wall * 60:8.0f} episodes/min  ({total} episodes in {wall:.1f} s; pool warm-up {warm:.1f} s)"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--cold", type=int, default=10, help="cold containers.run samples")
+    parser.add_argument("--acquire", type=int, default=200, help="acquire samples")
+    parser.add_argument("--exec", type=int, default=60, help="exec samples per command")
+    parser.add_argument("--levels", default="1,8,32", help="concurrency levels")
+    parser.add_argument("--episodes-per-slot", type=int, default=4)
+    args = parser.parse_args(argv)
+    cfg = SandboxConfig(image=build_base_image(), run_id=RUN_ID)
+    print(f"image {cfg.image} on {cfg.hosts()[0]}")
+    bench_acquire(cfg, args.cold, args.acquire)
+    bench_exec(cfg, args.exec)
+    bench_episodes(cfg, [int(x) for x in args.levels.split(",")], args.episodes_per_slot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
