@@ -36,6 +36,7 @@ _LATEX_FRACTION = re.compile(r"^([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}$")
 _POWER = re.compile(r"\^|\*\*")
 _TOWER = re.compile(r"(\^|\*\*)\s*[\w.]+\s*(\^|\*\*)")
 _BIG_FACTORIAL = re.compile(r"\d{5,}\s*!")
+_FACTORIAL_OF_GROUP = re.compile(r"[)}\]]\s*!")
 
 
 @dataclass
@@ -130,15 +131,19 @@ def is_pathological(expr: str) -> bool:
     """
     if len(expr) > MAX_ANSWER_CHARS or _TOWER.search(expr) or _BIG_FACTORIAL.search(expr):
         return True
+    if "!!" in expr or _FACTORIAL_OF_GROUP.search(expr):
+        return True  # (10!)! or (10^{10})! would be evaluated exactly
     for m in _POWER.finditer(expr):
-        exponent = _exponent_text(expr, m.end())
+        exponent, end = _exponent_at(expr, m.end())
         if _POWER.search(exponent) or sum(c.isdigit() for c in exponent) > MAX_EXPONENT_DIGITS:
+            return True
+        if _POWER.match(expr[end:].lstrip()):  # a^{b}^{c}: a tower written without nesting
             return True
     return False
 
 
-def _exponent_text(expr: str, i: int) -> str:
-    """The exponent starting at ``expr[i]``: a braced group, or the next token."""
+def _exponent_at(expr: str, i: int) -> tuple[str, int]:
+    """The exponent starting at ``expr[i]`` (a braced group or the next token) and its end."""
     while i < len(expr) and expr[i] == " ":
         i += 1
     if i < len(expr) and expr[i] in "{(":
@@ -150,10 +155,11 @@ def _exponent_text(expr: str, i: int) -> str:
             elif expr[j] == close:
                 depth -= 1
                 if depth == 0:
-                    return expr[i + 1 : j]
-        return expr[i + 1 :]
+                    return expr[i + 1 : j], j + 1
+        return expr[i + 1 :], len(expr)
     m = re.match(r"[\w.]*", expr[i:])
-    return m.group(0) if m else ""
+    token = m.group(0) if m else ""
+    return token, i + len(token)
 
 
 def answers_equal(pred: str, gold: str) -> bool:
@@ -213,6 +219,8 @@ def score_answer(response: str, gold: Any) -> MathScore:
         return MathScore(0.0, False, False, None, "no_box")
     if len(boxed) > MAX_ANSWER_CHARS:
         return MathScore(0.0, False, False, boxed[:80], "too_long")
+    if normalize(boxed) and normalize(boxed) == normalize(str(gold)):
+        return MathScore(1.0, True, True, boxed, "")  # the same text needs no parsing
     if is_pathological(boxed):
         return MathScore(0.0, False, False, boxed, "refused")
     if answers_equal(boxed, str(gold)):
