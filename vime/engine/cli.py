@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import signal
 import sys
 import time
 
@@ -43,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     from vime.engine.server import VLLMServer
 
     server = VLLMServer(cfg)
+    # Ctrl-C and `kill` both stop the server cleanly (and a background job started from a
+    # script, where SIGINT is ignored, still answers SIGINT).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         server.start()
         how = f"in {server.startup_s:.1f} s" if server.startup_s is not None else "(attached)"
@@ -61,3 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     finally:
         server.stop()
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

@@ -352,12 +352,15 @@ class VLLMServer:
         self._log_path = log_dir / f"vllm-{self._port}.log"
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - lives as long as the server
         cmd = self.command()
+        # The watchdog leads the group and takes it down if this process dies unexpectedly.
+        watchdog = str(Path(__file__).with_name("_watchdog.py"))  # stdlib only: any python runs it
+        watched = [sys.executable, watchdog, str(os.getpid()), "--", *cmd]
         self._log_file.write(("$ " + " ".join(cmd) + "\n").encode())
         self._log_file.flush()
         log.info("starting vLLM: %s (log: %s)", " ".join(cmd), self._log_path)
         self._started_at = time.monotonic()
         self._proc = subprocess.Popen(
-            cmd,
+            watched,
             stdin=subprocess.DEVNULL,
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
