@@ -132,6 +132,12 @@ def token_logprobs(
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     needs_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    if tp > 1:
+        # hidden is replicated but each rank only sees its vocab slice: the gradient w.r.t.
+        # hidden must be summed over TP ranks (what ColumnParallelLinear does for its input).
+        from megatron.core.tensor_parallel.mappings import copy_to_tensor_model_parallel_region
+
+        hidden = copy_to_tensor_model_parallel_region(hidden, group=group)
     logprobs, entropies = [], []
     for lo in range(0, hidden.shape[0], chunk_size):
         args = (

@@ -57,6 +57,8 @@ class TrainerConfig:
 
     ``micro_batch_tokens`` bounds ``rows × longest row`` of a micro-batch;
     ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once.
+    The learning rate of step k (1-based) is ``lr · min(1, k / warmup_steps)``, then decays
+    to ``min_lr`` over ``lr_decay_steps`` with ``lr_decay_style`` (``constant``: no decay).
     ``temperature`` must be the sampling temperature of the rollouts.
 
     Example:
@@ -337,13 +339,15 @@ class Trainer:
         self.optimizer.zero_grad()
         self.model.train()
         outputs = self._run_schedule(mbs, partial(self._loss_func, denom), forward_only=False)
+        # Advance the schedule first, so that step k (1-based) uses lr · min(1, k / warmup):
+        # Megatron's scheduler would otherwise spend the first step at lr = 0.
+        self.scheduler.step(increment=1)
         with cpu_device_scope():
             ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise TrainerError(
                 "optimizer step was skipped (non-finite gradients); lower trainer.lr"
             )
-        self.scheduler.step(increment=1)
         self.step += 1
         sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
         for out in outputs:

@@ -1,0 +1,84 @@
+"""The body of the 2-process (gloo) trainer test; rank 0 writes its findings as JSON.
+
+One spawn does everything that needs two processes, because each spawn costs ~10 s of
+imports: logits vs HF at TP=2 for every family, HF export at TP=2, a TP=2 training run that
+saves a checkpoint mid-way, and a DP=2 (TP=1) step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def gathered_logits(model, ids: torch.Tensor) -> torch.Tensor:
+    from megatron.core import parallel_state as ps
+
+    s = ids.shape[1]
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None]
+    pos = torch.arange(s)[None].expand_as(ids)
+    with torch.no_grad():
+        local = model(ids, pos, mask).contiguous()
+    parts = [torch.empty_like(local) for _ in range(ps.get_tensor_model_parallel_world_size())]
+    dist.all_gather(parts, local, group=ps.get_tensor_model_parallel_group())
+    return torch.cat(parts, dim=-1)[..., : model.hf_spec.vocab_size]
+
+
+def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None:
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import transformers as tf
+    from _samples import random_samples
+
+    from vime.trainer.compat import init_rng_tracker
+    from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
+    from vime.trainer.model import build_gpt_model
+    from vime.trainer.parallel import init_distributed
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    out = Path(out_dir)
+    found: dict[str, Any] = {"logit_diff": {}, "export_exact": {}}
+    init_distributed(tp=2)
+    init_rng_tracker(0)
+    for family, folder in checkpoints.items():
+        hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        model = build_gpt_model(hf.config)
+        load_hf_weights(model, folder)
+        ids = torch.randint(
+            0, hf.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(5)
+        )
+        with torch.no_grad():
+            ref = hf(ids).logits
+        found["logit_diff"][family] = (gathered_logits(model, ids) - ref).abs().max().item()
+        exported = export_hf(model, out / f"export_{family}", like=folder)
+        if rank == 0:
+            assert exported is not None
+            a, b = read_hf_state(folder), read_hf_state(exported)
+            found["export_exact"][family] = sorted(a) == sorted(b) and all(
+                torch.equal(a[k], b[k]) for k in a
+            )
+
+    samples = random_samples(6, 250, seed=7)
+    cfg = dict(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
+    tp2 = Trainer(checkpoints["qwen2"], TrainerConfig(tp=2, **cfg))
+    found["tp2_logprobs"] = tp2.compute_logprobs(samples)
+    found["tp2_step1"] = tp2.train_step(samples)
+    tp2.save_checkpoint(out / "ckpt_tp2")
+    found["tp2_step2"] = tp2.train_step(samples)
+
+    dp2 = Trainer(checkpoints["qwen2"], TrainerConfig(tp=1, **cfg))  # world 2 → DP=2
+    found["dp2_step1"] = dp2.train_step(samples)
+    found["dp2_logprobs_after"] = dp2.compute_logprobs(samples)
+    found["dp"] = dp2.parallel.dp
+    if rank == 0:
+        (out / "found.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()
