@@ -67,7 +67,7 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
             )
 
     samples = random_samples(6, 250, seed=7)
-    cfg = dict(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
+    cfg: dict[str, Any] = dict(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
     tp2 = Trainer(checkpoints["qwen2"], TrainerConfig(tp=2, **cfg))
     found["tp2_logprobs"] = tp2.compute_logprobs(samples)
     found["tp2_step1"] = tp2.train_step(samples)
