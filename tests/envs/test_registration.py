@@ -228,3 +228,11 @@ def test_tools_and_metrics_are_checked_at_runtime():
     with pytest.raises(EnvError, match="episode_metrics\\(\\) raised ZeroDivisionError") as info:
         env.episode_metrics()
     assert info.value.task_id == "t3"
+
+
+def test_module_that_fails_on_import(tmp_path, monkeypatch):
+    (tmp_path / "broken_env_mod.py").write_text("raise RuntimeError('bad config at import')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    register("test/BrokenImport-v0", entry_point="broken_env_mod:Env")
+    with pytest.raises(EnvError, match="importing 'broken_env_mod' raised RuntimeError"):
+        make("test/BrokenImport-v0")

@@ -67,6 +67,12 @@ class EnvSpec:
                 "the entry point in register()",
                 env_id=self.id,
             ) from err
+        except Exception as err:  # the module exists but fails while importing
+            raise EnvError(
+                f"{self.id}: importing {module_name!r} raised {type(err).__name__}: {err}; "
+                f"fix the module (try: python -c 'import {module_name}')",
+                env_id=self.id,
+            ) from err
         try:
             return getattr(module, attr)  # type: ignore[no-any-return]
         except AttributeError as err:
