@@ -9,7 +9,7 @@ import time
 import pytest
 
 from vime.errors import SandboxError
-from vime.sandbox import DockerSandbox
+from vime.sandbox import DockerSandbox, build_layered_image
 
 pytestmark = pytest.mark.docker
 
@@ -234,3 +234,21 @@ def test_kill_from_outside_during_exec_raises(sandbox_config):
     finally:
         box.close()
         box.close()  # idempotent
+
+
+def test_images_without_python_use_the_shell_init(base_image, sandbox_config):
+    # PID 1 falls back to sh: it must still reap orphans and kill the tree on a timeout.
+    tag = build_layered_image(base_image, commands=["rm -f /usr/bin/python3 /usr/bin/python3.11"])
+    with DockerSandbox(sandbox_config(image=tag)) as box:
+        assert box.exec("command -v python3 || echo none", timeout=10).stdout == "none\n"
+        t0 = time.monotonic()
+        res = box.exec("setsid sleep 300 >/dev/null 2>&1 & sleep 300", timeout=1.0)
+        assert res.timed_out and time.monotonic() - t0 < 2.0
+        box.exec("sh -c 'sleep 0.1 & exit 0'; sleep 0.3", timeout=10)  # leaves an orphan
+        listing = "for p in /proc/[0-9]*; do echo $(tr '\\0' ' ' < $p/cmdline) $(cut -d' ' -f3 $p/stat); done"
+        states = box.exec(listing, timeout=10).stdout
+        assert "sleep 300 " not in states and "sleep 0.1" not in states, states  # killed ...
+        assert not [line for line in states.splitlines() if line.endswith(" Z")], (
+            states
+        )  # ... reaped
+        assert box.exec("echo ok", timeout=10).stdout == "ok\n"

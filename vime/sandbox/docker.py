@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import io
 import os
 import selectors
@@ -36,6 +37,7 @@ import struct
 import tarfile
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +88,18 @@ _INIT_CMD = [
 ]
 
 _STDOUT, _STDERR = 1, 2
+
+# Sandboxes still open when the interpreter exits are removed then (a crash or
+# SIGKILL skips this; `vime-agent sandbox gc` finds those by their labels).
+_open_sandboxes: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_sandboxes() -> None:
+    for sb in list(_open_sandboxes):
+        sb.close()
+
+
 _KILL_SIGNAL = "SIGUSR1"
 
 
@@ -163,6 +177,7 @@ class DockerSandbox:
         self._closed = False
         self._lock = threading.Lock()
         self.id = self._start()
+        _open_sandboxes.add(self)
 
     # -- lifecycle -----------------------------------------------------------------
 

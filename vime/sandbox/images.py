@@ -295,7 +295,8 @@ def build_layered_image(
     files are copied (``pip install -e /repo``, ``git init``); ``network`` lets them reach
     out (off by default: the build should be as offline as the sandbox). The tag is
     ``vime/layer:<hash of base image id, files and commands>``, so an unchanged task
-    reuses its image.
+    reuses its image. Put task files outside the sandbox workspace (``/task``, ``/opt``):
+    every sandbox mounts a fresh, empty tmpfs there, hiding what the image holds.
 
     Example:
         >>> build_layered_image("vime/base:abc", {"/task/test.py": "assert True"})  # doctest: +SKIP
