@@ -51,12 +51,17 @@ def _is_cuda(device: Any) -> bool:
 
 
 class _CudaToCpu(TorchFunctionMode):
-    """Rewrites ``device="cuda"`` to CPU and makes ``Tensor.cuda()`` the identity."""
+    """Rewrites ``device="cuda"`` to CPU, makes ``Tensor.cuda()`` the identity and has
+    ``Tensor.type()`` name CPU tensors as CUDA ones (Megatron's optimizers check those names)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            # Megatron's optimizers check ``param.type() == "torch.cuda.FloatTensor"``.
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
         if _is_cuda(kwargs.get("device")):
             kwargs["device"] = "cpu"
         # Tensor.to("cuda") and Tensor.to(torch.device("cuda")) pass the device positionally.
