@@ -10,8 +10,15 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 run="${VIME_RUN_DIR:-$root/.run}/docker"
 sock="$run/docker.sock"
 # A unix socket path must stay under ~107 bytes: deep checkouts put theirs in /tmp.
+short="/tmp/vime-docker-$(printf %s "$run" | md5sum | cut -c1-12)"
 if [ ${#sock} -gt 100 ]; then
-  sock="/tmp/vime-docker-$(printf %s "$run" | md5sum | cut -c1-12).sock"
+  sock="$short.sock"
+fi
+# containerd puts its own sockets under the exec root (exec/containerd/containerd.sock):
+# keep that path short too.
+exec_root="$run/exec"
+if [ $((${#exec_root} + 36)) -gt 100 ]; then
+  exec_root="$short.exec"
 fi
 export DOCKER_HOST="unix://$sock"
 
@@ -30,7 +37,7 @@ case "${1:-start}" in
       rm -f "$run/docker.pid" "$sock"
     fi
     # containerd is started by dockerd itself (its own state lives under exec-root).
-    setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$run/exec" \
+    setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$exec_root" \
       --pidfile "$run/docker.pid" --storage-driver overlay2 \
       >"$run/dockerd.log" 2>&1 </dev/null &
     for _ in $(seq 1 120); do
