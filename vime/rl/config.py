@@ -250,7 +250,8 @@ def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
     m_group = re.search(r"Could not find '(\w+)/(\w+)'", text)
     if m_group:
         group, option = m_group.groups()
-        options: dict[str, Any] = {"env": ENV_PRESETS, "model": MODEL_PRESETS}.get(group, {})
+        presets: dict[str, dict[str, Any]] = {"env": ENV_PRESETS, "model": MODEL_PRESETS}
+        options = presets.get(group, {})
         return ConfigError(
             f"{group}={option}: no such option; choose one of {sorted(options)}", key=group
         )

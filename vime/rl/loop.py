@@ -416,7 +416,8 @@ def main(argv: list[str]) -> int:
         print("usage: vime-agent train [group=option ...] [key=value ...]\n")
         print(describe())
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    logging.getLogger("vime").setLevel(logging.INFO)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = load_config(argv)
     result = train(cfg)

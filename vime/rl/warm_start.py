@@ -110,6 +110,7 @@ def _run(spec: dict[str, Any]) -> None:
     from transformers import AutoTokenizer
 
     import vime.envs as envs
+    from vime.agents.chat_tokens import ChatTokens
     from vime.rl.tasks import builtin_tasks
     from vime.trainer.losses import LossConfig
     from vime.trainer.step import Trainer, TrainerConfig
@@ -124,12 +125,11 @@ def _run(spec: dict[str, Any]) -> None:
     samples = []
     for task in tasks:
         messages, _ = env.reset(options={"task": task})
-        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(prompt, dict):  # transformers 5 may return a BatchEncoding
-            prompt = prompt["input_ids"]
-        answer = tokenizer.encode(math_demonstration(task), add_special_tokens=False)
-        answer.append(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-        tokens = list(prompt) + answer
+        # The prompt is rendered exactly as the collector renders it.
+        chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=spec["env_id"])
+        prompt = chat.tokens
+        answer = chat.encode(math_demonstration(task)) + [tokenizer.eos_token_id]
+        tokens = prompt + answer
         mask = [0] * len(prompt) + [1] * len(answer)
         samples.append(
             Sample(
