@@ -10,7 +10,7 @@ import time
 import pytest
 
 from vime.errors import SandboxError
-from vime.sandbox import SandboxPool
+from vime.sandbox import ImagePools, SandboxPool, build_layered_image
 
 pytestmark = pytest.mark.docker
 
@@ -104,3 +104,18 @@ def test_pool_reports_start_failures(sandbox_config):
         pytest.raises(SandboxError, match=r"image not found|No such image"),
     ):
         pool.acquire(timeout=1.5)
+
+
+def test_image_pools_keep_one_warm_pool_per_image(base_image, sandbox_config):
+    task_image = build_layered_image(base_image, {"/task/id": "task-1"})
+    with ImagePools(sandbox_config(), size_per_image=1, max_images=1) as pools:
+        a = pools.acquire(base_image, timeout=60)
+        b = pools.acquire(task_image, timeout=60)  # a second image: its own pool
+        assert b.read_file("/task/id") == b"task-1" and a.image == base_image
+        pools.release(a)
+        pools.release(b)
+        c = pools.acquire(task_image, timeout=60)  # over max_images: the idle base pool went
+        assert c is b and list(pools._pools) == [task_image]
+        pools.release(c)
+        pools.release(a)  # its pool is gone: closed, not an error
+        assert not a.alive

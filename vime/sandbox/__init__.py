@@ -20,12 +20,13 @@ from vime.sandbox.images import (
     build_layered_image,
     distribute_image,
 )
-from vime.sandbox.pool import SandboxPool
+from vime.sandbox.pool import ImagePools, SandboxPool
 
 __all__ = [
     "BaseImageRecipe",
     "DockerSandbox",
     "ExecResult",
+    "ImagePools",
     "Sandbox",
     "SandboxConfig",
     "SandboxPool",

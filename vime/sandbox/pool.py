@@ -265,7 +265,11 @@ class SandboxPool:
         return await self.run_async(self.acquire, timeout)
 
     async def release_async(self, sb: DockerSandbox, reset: bool = True) -> None:
-        """:meth:`release` for asyncio code (it never blocks long: the reset is queued)."""
+        """:meth:`release` for asyncio code (it never blocks long: the reset is queued).
+
+        Example:
+            >>> await pool.release_async(sb)  # doctest: +SKIP
+        """
         self.release(sb, reset=reset)
 
     @contextlib.asynccontextmanager
@@ -342,6 +346,103 @@ class SandboxPool:
         self._async_threads.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> SandboxPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @property
+    def in_use(self) -> int:
+        """How many sandboxes are leased right now."""
+        with self._cond:
+            return len(self._leased)
+
+
+class ImagePools:
+    """One warm :class:`SandboxPool` per image, made on first use (task images differ).
+
+    At most ``max_images`` pools stay warm; past that, the least recently used pool with
+    nothing leased is closed.
+
+    Example:
+        >>> pools = ImagePools(SandboxConfig(), size_per_image=2)  # doctest: +SKIP
+        >>> sb = pools.acquire("vime/layer:9d1c2b3a4f5e", timeout=60)  # doctest: +SKIP
+        >>> pools.release(sb); pools.close()  # doctest: +SKIP
+    """
+
+    def __init__(
+        self, config: SandboxConfig | None = None, size_per_image: int = 2, max_images: int = 8
+    ) -> None:
+        require(size_per_image >= 1, "pool.size_per_image", f"must be >= 1, got {size_per_image}")
+        require(max_images >= 1, "pool.max_images", f"must be >= 1, got {max_images}")
+        self.config = config or SandboxConfig()
+        self.size_per_image = size_per_image
+        self.max_images = max_images
+        self._pools: collections.OrderedDict[str, SandboxPool] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def pool(self, image: str) -> SandboxPool:
+        """The pool of ``image`` (created and started if needed).
+
+        Example:
+            >>> pools.pool("vime/base:f56e2cd8100d").stats()["idle"]  # doctest: +SKIP
+            2
+        """
+        import dataclasses
+
+        evicted: list[SandboxPool] = []
+        with self._lock:
+            if self._closed:
+                raise SandboxError("ImagePools: closed")
+            pool = self._pools.get(image)
+            if pool is None:
+                cfg = dataclasses.replace(self.config, image=image)
+                pool = self._pools[image] = SandboxPool(cfg, size=self.size_per_image)
+            self._pools.move_to_end(image)
+            for name in list(self._pools):
+                if len(self._pools) <= self.max_images:
+                    break
+                if name != image and self._pools[name].in_use == 0:
+                    evicted.append(self._pools.pop(name))
+        for old in evicted:
+            old.close()
+        return pool
+
+    def acquire(self, image: str, timeout: float | None = None) -> DockerSandbox:
+        """A warm sandbox of ``image``.
+
+        Example:
+            >>> sb = pools.acquire("vime/base:f56e2cd8100d", timeout=60)  # doctest: +SKIP
+        """
+        return self.pool(image).acquire(timeout)
+
+    def release(self, sb: DockerSandbox, reset: bool = True) -> None:
+        """Give ``sb`` back to its image's pool (closed if that pool is gone).
+
+        Example:
+            >>> pools.release(sb)  # doctest: +SKIP
+        """
+        with self._lock:
+            pool = self._pools.get(sb.image)
+        if pool is None:
+            sb.close()
+        else:
+            pool.release(sb, reset=reset)
+
+    def close(self) -> None:
+        """Close every pool. Idempotent.
+
+        Example:
+            >>> pools.close()  # doctest: +SKIP
+        """
+        with self._lock:
+            self._closed = True
+            pools, self._pools = list(self._pools.values()), collections.OrderedDict()
+        for pool in pools:
+            pool.close()
+
+    def __enter__(self) -> ImagePools:
         return self
 
     def __exit__(self, *exc: object) -> None:
