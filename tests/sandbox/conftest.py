@@ -48,9 +48,12 @@ def no_leaked_containers():
         return
     from vime.sandbox.client import docker_client
 
-    left = docker_client(host).api.containers(
-        all=True, filters={"label": ["vime.sandbox=1", f"vime.run={TEST_RUN_ID}"]}
-    )
+    try:
+        left = docker_client(host).api.containers(
+            all=True, filters={"label": ["vime.sandbox=1", f"vime.run={TEST_RUN_ID}"]}
+        )
+    except Exception:  # no reachable daemon: no docker test made anything
+        return
     for info in left:  # clean up anyway, then fail loudly
         docker_client(host).api.remove_container(info["Id"], force=True)
     assert not left, (
