@@ -124,11 +124,10 @@ def evaluate(expression: str) -> int | float:
 
 @tool
 def calculator(expression: str) -> str:
-    """Evaluate an arithmetic expression exactly (integers have unlimited precision).
+    """Evaluate an arithmetic expression exactly (big integers are exact).
 
     Args:
-        expression: e.g. "123456789 * 987654321" or "sqrt(2) * pi"; supports + - * / // % **,
-            parentheses, sqrt, log, exp, sin, cos, abs, round, min, max, gcd, factorial, comb.
+        expression: e.g. "123456789 * 987654321" or "sqrt(2) * pi".
     """
     return str(evaluate(expression))
 
@@ -150,10 +149,10 @@ def format_exec(result: Any, limit: int) -> str:
 
 @tool
 def python(ctx: ToolContext, code: str) -> str:
-    """Run a Python 3 program in the sandbox and return its exit code, stdout and stderr.
+    """Run a Python 3 program in the workspace; returns exit code, stdout and stderr.
 
     Args:
-        code: the complete program; use print() to see values. It runs in the workspace folder.
+        code: the complete program; print() what you need to see.
     """
     ctx.sandbox.write_file("/tmp/vime_snippet.py", code)
     result = ctx.sandbox.exec(
@@ -182,7 +181,7 @@ def read_file(ctx: ToolContext, path: str) -> str:
     """Read a text file from the workspace.
 
     Args:
-        path: file path relative to the workspace, e.g. "data/numbers.txt".
+        path: path relative to the workspace.
     """
     full = workspace_path(ctx, path)
     result = ctx.sandbox.exec(["cat", "--", full], timeout=ctx.exec_timeout)
@@ -198,8 +197,8 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
     """Create or overwrite a text file in the workspace.
 
     Args:
-        path: file path relative to the workspace; parent folders are created.
-        content: the full new content of the file.
+        path: path relative to the workspace.
+        content: the new content.
     """
     full = workspace_path(ctx, path)
     ctx.sandbox.write_file(full, content)
@@ -208,10 +207,10 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
 
 @tool
 def submit(answer: str) -> str:
-    """Submit the final answer and end the episode.
+    """Submit the final answer (ends the episode).
 
     Args:
-        answer: the final answer (a number or a short text), without explanation.
+        answer: just the answer.
     """
     return f"submitted {answer!r}"
 

@@ -38,10 +38,8 @@ from vime.sandbox import SandboxConfig
 from vime.types import Action, Message, ToolCall
 
 SYSTEM_PROMPT = (
-    "You are a careful assistant that solves tasks by calling tools. Use the tools to compute "
-    "or look up what you need; do not guess. When you know the final answer, call "
-    "submit(answer) with just the answer (or reply with it in \\boxed{{}} and no tool call). "
-    "Files mentioned in the task are in the workspace folder {workdir}."
+    "Solve the task with the tools; do not guess. Files are in {workdir}. "
+    "Finish with submit(answer), or reply with the answer in \\boxed{{}} and no tool call."
 )
 
 
