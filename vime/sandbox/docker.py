@@ -351,10 +351,9 @@ class DockerSandbox:
         raw = getattr(sock, "_sock", sock)
         timed_out = False
         try:
-            if stdin is not None:
-                self._send_stdin(raw, stdin, deadline)
+            sent = stdin is None or self._send_stdin(raw, stdin, deadline)
             demux = _Demux(out, err)
-            if not self._pump(raw, demux, deadline):
+            if not sent or not self._pump(raw, demux, deadline):
                 timed_out = True
                 self._kill_quietly()
                 if not self._pump(raw, demux, time.monotonic() + self.config.kill_grace):
@@ -381,16 +380,20 @@ class DockerSandbox:
             self._raise_if_container_gone("it died while a command was running")
         return out, err, -1 if code is None else code, False, time.monotonic() - start
 
-    def _send_stdin(self, raw: Any, data: bytes, deadline: float) -> None:
-        raw.settimeout(max(0.1, deadline - time.monotonic()))
+    def _send_stdin(self, raw: Any, data: bytes, deadline: float) -> bool:
+        """Send ``data`` then EOF; False if the command did not take it before ``deadline``."""
+        raw.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             raw.sendall(data)
             # Half-close: the command sees EOF on stdin and can finish.
             raw.shutdown(socket.SHUT_WR)
+        except TimeoutError:
+            return False
         except (BrokenPipeError, ConnectionResetError):
             pass  # the command exited without reading it all: its exit status says why
         finally:
             raw.settimeout(None)
+        return True
 
     def _pump(self, raw: Any, demux: _Demux, deadline: float) -> bool:
         """Read multiplexed frames until EOF (True) or ``deadline`` (False)."""
