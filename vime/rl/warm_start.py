@@ -128,7 +128,7 @@ def _run(spec: dict[str, Any]) -> None:
         # The prompt is rendered exactly as the collector renders it.
         chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=spec["env_id"])
         prompt = chat.tokens
-        answer = chat.encode(math_demonstration(task)) + [tokenizer.eos_token_id]
+        answer = [*chat.encode(math_demonstration(task)), tokenizer.eos_token_id]
         tokens = prompt + answer
         mask = [0] * len(prompt) + [1] * len(answer)
         samples.append(
