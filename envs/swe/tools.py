@@ -15,6 +15,7 @@ import posixpath
 
 from envs.tools.builtin_tools import format_exec
 from envs.tools.toolkit import ToolContext, ToolError, tool
+from vime.errors import SandboxError
 
 
 def repo_path(ctx: ToolContext, path: str) -> str:
@@ -57,7 +58,9 @@ def str_replace(ctx: ToolContext, path: str, old_str: str, new_str: str) -> str:
         text = ctx.sandbox.read_file(full).decode()
     except UnicodeDecodeError as err:
         raise ToolError(f"{path} is not a UTF-8 text file") from err
-    except Exception as err:
+    except SandboxError as err:
+        if not getattr(ctx.sandbox, "alive", True):
+            raise  # the sandbox died: an env failure, not the policy's mistake
         raise ToolError(f"cannot read {path}: it does not exist or is not a file") from err
     count = text.count(old_str) if old_str else 0
     if count != 1:

@@ -72,9 +72,28 @@ def test_check_env_passes():
 def test_correct_fix_gets_1_wrong_fix_gets_0(docker_host):
     tag = uuid.uuid4().hex[:12]
     env = _env(tag)
-    explore = _act(
-        _call("bash", command="ls romans tests && python3 -m unittest -q 2>&1 | tail -1")
+    explore = _act(_call("bash", command="ls romans tests && python3 -m unittest -q 2>&1 | tail -1"))
+    mistakes = Action(
+        text="",
+        tool_calls=[
+            _call("str_replace", path="romans/convert.py", old_str="no such text", new_str="x"),
+            _call("str_replace", path="romans/convert.py", old_str="    (", new_str="x"),
+            _call("str_replace", path="romans/missing.py", old_str="a", new_str="b"),
+            _call("write_file", path="../etc/x", content=""),
+            _call("bash", cmd="ls"),
+            _call("edit", path="a"),
+        ],
+        parse_errors=["<tool_call> is not valid JSON"],
     )
+    env.reset(seed=0, options={"task": ROMAN})
+    env.step(explore)
+    new, reward, term, trunc, _ = env.step(mistakes)
+    assert (reward, term, trunc) == (0.0, False, False)
+    contents = [m["content"] for m in new]
+    assert "does not occur" in contents[0] and "occurs 7 times" in contents[1]
+    assert "does not exist" in contents[2] and "outside the repository" in contents[3]
+    assert "has no argument(s) ['cmd']" in contents[4] and "unknown tool 'edit'" in contents[5]
+    assert new[6]["role"] == "user" and "not valid JSON" in contents[6]
     new, reward, term, trunc, info = _play(env, ROMAN, explore, _fix(ROMAN))
     assert (reward, term, trunc, info["resolved"]) == (1.0, True, False, True)
     assert set(info["tests"].values()) == {"passed"} and len(info["tests"]) == 5
