@@ -10,7 +10,9 @@ from vime.config import apply_overrides
 from vime.errors import ConfigError
 from vime.sandbox import BaseImageRecipe, ExecResult, Sandbox, SandboxConfig, base_image_tag
 from vime.sandbox.config import parse_size
-from vime.sandbox.docker import DockerSandbox, _Capped, _Demux
+from vime.sandbox.docker import DockerSandbox
+from vime.sandbox.stream import Capped as _Capped
+from vime.sandbox.stream import Demux as _Demux
 
 
 def _frame(kind: int, data: bytes) -> bytes:

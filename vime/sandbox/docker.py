@@ -31,20 +31,18 @@ from __future__ import annotations
 import atexit
 import io
 import os
-import selectors
 import socket
-import struct
 import tarfile
 import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
 
 from vime.errors import SandboxError
 from vime.sandbox.base import ExecResult
 from vime.sandbox.client import docker_client, docker_errors
 from vime.sandbox.config import SandboxConfig
+from vime.sandbox.stream import Capped, Demux, pump, send_stdin
 
 __all__ = ["DockerSandbox", "SandboxConfig"]
 
@@ -87,8 +85,6 @@ _INIT_CMD = [
     _SH_INIT,
 ]
 
-_STDOUT, _STDERR = 1, 2
-
 # Sandboxes still open when the interpreter exits are removed then (a crash or
 # SIGKILL skips this; `vime-agent sandbox gc` finds those by their labels).
 _open_sandboxes: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
@@ -101,55 +97,6 @@ def _close_open_sandboxes() -> None:
 
 
 _KILL_SIGNAL = "SIGUSR1"
-
-
-class _Capped:
-    """A byte buffer that keeps the first ``cap`` bytes and counts the rest."""
-
-    def __init__(self, cap: int | None) -> None:
-        self.cap = cap
-        self.parts: list[bytes] = []
-        self.kept = 0
-        self.dropped = 0
-
-    def add(self, data: bytes) -> None:
-        if self.cap is None:
-            self.parts.append(data)
-            return
-        room = self.cap - self.kept
-        if room > 0:
-            self.parts.append(data[:room])
-            self.kept += min(room, len(data))
-        self.dropped += max(0, len(data) - max(room, 0))
-
-    def bytes(self) -> bytes:
-        return b"".join(self.parts)
-
-    def text(self) -> str:
-        text = self.bytes().decode("utf-8", errors="replace")
-        if self.dropped:
-            text += f"\n[vime: {self.dropped} bytes of output dropped]\n"
-        return text
-
-
-class _Demux:
-    """Splits docker's multiplexed exec stream (8-byte frame headers) into stdout/stderr."""
-
-    def __init__(self, out: _Capped, err: _Capped) -> None:
-        self.out, self.err = out, err
-        self.buf = b""
-
-    def feed(self, chunk: bytes) -> None:
-        buf = self.buf + chunk if self.buf else chunk
-        pos = 0
-        while len(buf) - pos >= 8:
-            kind = buf[pos]
-            size = struct.unpack(">I", buf[pos + 4 : pos + 8])[0]
-            if len(buf) - pos < 8 + size:
-                break
-            (self.err if kind == _STDERR else self.out).add(buf[pos + 8 : pos + 8 + size])
-            pos += 8 + size
-        self.buf = buf[pos:]
 
 
 class DockerSandbox:
@@ -325,7 +272,7 @@ class DockerSandbox:
         env: dict[str, str] | None,
         cap: int | None,
         stdin: bytes | None = None,
-    ) -> tuple[_Capped, _Capped, int, bool, float]:
+    ) -> tuple[Capped, Capped, int, bool, float]:
         """Run one exec; return (stdout, stderr, exit code, timed out, seconds)."""
         self._check_alive()
         limit = self.config.timeout if timeout is None else float(timeout)
@@ -333,7 +280,7 @@ class DockerSandbox:
             raise SandboxError(f"exec timeout must be > 0 seconds, got {timeout}")
         start = time.monotonic()
         deadline = start + limit
-        out, err = _Capped(cap), _Capped(cap)
+        out, err = Capped(cap), Capped(cap)
         try:
             with docker_errors(f"running {argv[:3]!r}", host=self.host, container=self.id):
                 exec_id = self._api.exec_create(
@@ -351,12 +298,12 @@ class DockerSandbox:
         raw = getattr(sock, "_sock", sock)
         timed_out = False
         try:
-            sent = stdin is None or self._send_stdin(raw, stdin, deadline)
-            demux = _Demux(out, err)
-            if not sent or not self._pump(raw, demux, deadline):
+            sent = stdin is None or send_stdin(raw, stdin, deadline)
+            demux = Demux(out, err)
+            if not sent or not pump(raw, demux, deadline):
                 timed_out = True
                 self._kill_quietly()
-                if not self._pump(raw, demux, time.monotonic() + self.config.kill_grace):
+                if not pump(raw, demux, time.monotonic() + self.config.kill_grace):
                     self.mark_dead(
                         f"a timed-out command did not die within kill_grace={self.config.kill_grace}s"
                     )
@@ -379,39 +326,6 @@ class DockerSandbox:
             # SIGKILL: the OOM killer, or the container itself died.
             self._raise_if_container_gone("it died while a command was running")
         return out, err, -1 if code is None else code, False, time.monotonic() - start
-
-    def _send_stdin(self, raw: Any, data: bytes, deadline: float) -> bool:
-        """Send ``data`` then EOF; False if the command did not take it before ``deadline``."""
-        raw.settimeout(max(0.01, deadline - time.monotonic()))
-        try:
-            raw.sendall(data)
-            # Half-close: the command sees EOF on stdin and can finish.
-            raw.shutdown(socket.SHUT_WR)
-        except TimeoutError:
-            return False
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the command exited without reading it all: its exit status says why
-        finally:
-            raw.settimeout(None)
-        return True
-
-    def _pump(self, raw: Any, demux: _Demux, deadline: float) -> bool:
-        """Read multiplexed frames until EOF (True) or ``deadline`` (False)."""
-        sel = selectors.DefaultSelector()
-        sel.register(raw, selectors.EVENT_READ)
-        try:
-            while True:
-                pending = getattr(raw, "pending", lambda: 0)()  # TLS sockets buffer inside
-                if not pending:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0 or not sel.select(timeout=remaining):
-                        return False
-                chunk = raw.recv(1 << 16)
-                if not chunk:
-                    return True
-                demux.feed(chunk)
-        finally:
-            sel.close()
 
     def _kill_quietly(self) -> None:
         try:
