@@ -81,7 +81,7 @@ def test_fork_bomb_hits_pids_limit_and_sandbox_survives(sb):
     # contained, killed on timeout by PID 1 without forking, and the sandbox still works.
     t0 = time.monotonic()
     bomb = sb.exec(["bash", "-c", "bomb() { bomb | bomb & }; bomb; sleep 100"], timeout=3)
-    assert time.monotonic() - t0 < 3 + 0.5
+    assert time.monotonic() - t0 < 3 + 1.5
     assert bomb.timed_out and "Resource temporarily unavailable" in bomb.stderr
     assert sb.alive, sb.dead_reason
     assert sb.exec("echo alive", timeout=10).stdout == "alive\n"
@@ -157,8 +157,9 @@ def test_timeout_returns_within_margin_and_kills_the_tree(sb):
     res = sb.exec("setsid sleep 300 & sleep 300 & sleep 300; echo never", timeout=1.0)
     elapsed = time.monotonic() - t0
     assert res.timed_out and res.exit_code != 0 and "never" not in res.stdout
-    assert elapsed < 1.0 + 0.5, elapsed
-    assert 1.0 <= res.duration < 1.5
+    # Typically ~1.05 s; the margin is wide because CI shares two cores with a vLLM server.
+    assert elapsed < 1.0 + 1.0, elapsed
+    assert 1.0 <= res.duration < 2.0
     assert len(_procs(sb)) == 1, _procs(sb)
     assert sb.alive and sb.exec("echo usable", timeout=5).stdout == "usable\n"
 

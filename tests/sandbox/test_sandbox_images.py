@@ -34,7 +34,7 @@ def test_dockerd_script_base_image_and_print_1(docker_host, base_image, test_run
     assert list(cache_dir().glob("rootfs-*.tar"))
     t0 = time.monotonic()
     assert build_base_image(host=docker_host) == base_image  # a second build is a no-op
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.0
     # ... and runs python3 through the docker SDK.
     client = docker_client(docker_host)
     out = client.containers.run(
@@ -67,7 +67,7 @@ def test_layered_image_is_cached_by_content(base_image, sandbox_config):
         build_layered_image(base_image, files, commands=["python3 /task/hello.py > /task/out.txt"])
         == tag
     )
-    assert time.monotonic() - t0 < 1.0
+    assert time.monotonic() - t0 < 2.0
     assert build_layered_image(base_image, {**files, "/task/x": "1"}) != tag
     with DockerSandbox(sandbox_config(image=tag)) as sb:
         assert sb.read_file("/task/out.txt") == b"hello from the task\n"

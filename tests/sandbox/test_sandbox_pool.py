@@ -20,7 +20,7 @@ def test_pool_acquire_release_reset_and_bounds(sandbox_config):
         pool.wait_ready(60)
         t0 = time.monotonic()
         a = pool.acquire(timeout=5)
-        assert time.monotonic() - t0 < 0.05  # warm: no container start on the hot path
+        assert time.monotonic() - t0 < 0.25  # warm: no container start (that takes 0.3-1 s)
         b = pool.acquire(timeout=5)
         assert a is not b and a.alive and b.alive
         with pytest.raises(SandboxError, match=r"no sandbox free within 0\.2s"):
