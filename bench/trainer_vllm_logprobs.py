@@ -43,6 +43,8 @@ def sample(server: Any, prompts: list[list[int]], temperature: float, max_tokens
         )
         choice = resp.choices[0]
         ids = list((choice.model_extra or {})["token_ids"])
+        if choice.logprobs is None or choice.logprobs.token_logprobs is None:
+            raise RuntimeError("the server returned no logprobs: is it a vLLM server?")
         out.append((prompt + ids, list(choice.logprobs.token_logprobs)))
     return out
 
