@@ -14,6 +14,7 @@ Example (what the env runs inside the grading container):
 """
 
 import contextlib
+import inspect
 import io
 import json
 import os
@@ -67,12 +68,43 @@ def _patched(snapshot):
     return False
 
 
-def run_one(test_id, snapshot):
+def _cases(suite):
+    if isinstance(suite, unittest.TestCase):
+        yield suite
+        return
+    for item in suite:
+        yield from _cases(item)
+
+
+def _foreign(suite, test_id, repo):
+    """True when a test's code does not come from the file its id names.
+
+    Catches code under test that swaps ``sys.modules`` entries for fake, passing tests.
+    """
+    parts = test_id.split(".")
+    expected = {
+        os.path.realpath(os.path.join(repo, *parts[:cut]) + ".py") for cut in range(1, len(parts))
+    } | {
+        os.path.realpath(os.path.join(repo, *parts[:cut], "__init__.py"))
+        for cut in range(1, len(parts))
+    }
+    for case in _cases(suite):
+        method = getattr(case, getattr(case, "_testMethodName", ""), None)
+        func = inspect.unwrap(getattr(method, "__func__", method))
+        code = getattr(func, "__code__", None)
+        if code is not None and os.path.realpath(code.co_filename) not in expected:
+            return True
+    return False
+
+
+def run_one(test_id, snapshot, repo):
     """Run one unittest id and return its status string."""
     try:
         suite = unittest.defaultTestLoader.loadTestsFromName(test_id)
     except Exception:  # an id that cannot even be resolved is a failure
         return "missing"
+    if _foreign(suite, test_id, repo):
+        return "tampered"
     result = _Result()
     sink = io.StringIO()
     with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
@@ -97,7 +129,7 @@ def main(argv):
     os.chdir(repo)
     sys.path.insert(0, repo)
     snapshot = _unittest_snapshot()
-    statuses = {test_id: run_one(test_id, snapshot) for test_id in test_ids}
+    statuses = {test_id: run_one(test_id, snapshot, repo) for test_id in test_ids}
     sys.__stdout__.write(f"\nVIME_GRADE {nonce} {json.dumps(statuses)}\n")
     sys.__stdout__.flush()
     return 0

@@ -72,7 +72,9 @@ def test_check_env_passes():
 def test_correct_fix_gets_1_wrong_fix_gets_0(docker_host):
     tag = uuid.uuid4().hex[:12]
     env = _env(tag)
-    explore = _act(_call("bash", command="ls romans tests && python3 -m unittest -q 2>&1 | tail -1"))
+    explore = _act(
+        _call("bash", command="ls romans tests && python3 -m unittest -q 2>&1 | tail -1")
+    )
     mistakes = Action(
         text="",
         tool_calls=[

@@ -71,6 +71,19 @@ def test_grader_detects_monkeypatched_unittest(tmp_path):
     test = "import unittest\nimport cheat\n\n\nclass T(unittest.TestCase):\n    def test_x(self):\n        self.assertEqual(1, 2)\n"
     _write(tmp_path, {"cheat.py": cheat, "tests/__init__.py": "", "tests/test_c.py": test})
     assert _grade(tmp_path, ["tests.test_c.T.test_x"]) == {"tests.test_c.T.test_x": "tampered"}
+    # Code under test that replaces the test module with a fake one that passes.
+    swap = (
+        "import sys, types, unittest\n"
+        "class T(unittest.TestCase):\n"
+        "    def test_x(self):\n"
+        "        pass\n"
+        "fake = types.ModuleType('tests.test_c')\n"
+        "fake.T = T\n"
+        "sys.modules['tests.test_c'] = fake\n"
+    )
+    _write(tmp_path, {"cheat.py": swap})
+    ids = ["tests.test_c.T.test_x", "tests.test_c.T.test_x"]
+    assert _grade(tmp_path, ids) == {"tests.test_c.T.test_x": "tampered"}
     exits = "import os\nos._exit(0)\n"
     _write(tmp_path, {"cheat.py": exits})
     out = subprocess.run(
