@@ -5,6 +5,7 @@
    (target: <= 1.1x).
 3. Episodes per minute for a 5-exec episode (acquire, 5 commands, release with reset) at
    1, 8 and 32 concurrent sandboxes.
+4. How far past its limit a timed-out ``exec`` returns (the process tree is killed).
 
 Usage (dockerd from scripts/dockerd.sh; the base image is built if missing):
 
@@ -134,6 +135,19 @@ def bench_episodes(cfg: SandboxConfig, levels: list[int], episodes_per_slot: int
         )
 
 
+def bench_timeout(cfg: SandboxConfig, n: int, limit: float = 0.5) -> None:
+    over = []
+    with DockerSandbox(cfg) as sb:
+        for _ in range(n):
+            t0 = time.perf_counter()
+            res = sb.exec("sleep 60 & sleep 60", timeout=limit)
+            over.append(time.perf_counter() - t0 - limit)
+            assert res.timed_out
+    print(
+        f"4. timeout overshoot (limit {limit} s, tree killed): p50 {ms(statistics.median(over))}  max {ms(max(over))}  (n={n})"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -149,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     bench_acquire(cfg, args.cold, args.acquire)
     bench_exec(cfg, args.exec)
     bench_episodes(cfg, [int(x) for x in args.levels.split(",")], args.episodes_per_slot)
+    bench_timeout(cfg, 15)
     return 0
 
 
