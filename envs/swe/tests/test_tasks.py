@@ -116,3 +116,18 @@ def test_swebench_loader(tmp_path):
     assert local["image"] == "" and local["setup_cmd"] == ""
     with pytest.raises(DataError, match="FAIL_TO_PASS"):
         swebench_record({k: v for k, v in rec.items() if k != "FAIL_TO_PASS"})
+
+
+def test_env_draws_from_a_task_file(tmp_path):
+    from envs.swe.env import SWEEnv, load_task_file
+
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:3]))
+    assert [t["id"] for t in load_task_file(path)] == [t["id"] for t in TASKS[:3]]
+    env = SWEEnv(tasks_path=str(path))
+    _, info = env.reset(seed=1)
+    assert info["task_id"] in {t["id"] for t in TASKS[:3]}
+    assert env.reset(seed=1)[1] == info  # the same seed draws the same task
+    path.write_text('{"id": "x"}\n')
+    with pytest.raises(DataError, match="tasks.jsonl:1"):
+        load_task_file(path)
