@@ -11,7 +11,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _models import make_hf_checkpoint
+from _trainer_models import make_hf_checkpoint
 
 
 @pytest.fixture(scope="session")

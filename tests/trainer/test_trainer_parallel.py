@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch.multiprocessing as mp
-from _samples import random_samples
+from _trainer_samples import random_samples
 
 from vime.trainer.parallel import free_port
 from vime.trainer.step import Trainer, TrainerConfig
@@ -14,7 +14,7 @@ from vime.trainer.step import Trainer, TrainerConfig
 
 def _entry(rank, port, checkpoints, out_dir):
     # imported in the child (spawn), where tests/trainer is on sys.path
-    from _tp2_worker import run
+    from _trainer_tp2_worker import run
 
     run(rank, port, checkpoints, out_dir)
 

@@ -36,7 +36,7 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import transformers as tf
-    from _samples import random_samples
+    from _trainer_samples import random_samples
 
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _samples import random_samples
+from _trainer_samples import random_samples
 
 from vime.errors import ConfigError, TrainerError
 from vime.trainer.step import Trainer, TrainerConfig
