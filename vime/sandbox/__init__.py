@@ -18,7 +18,7 @@ Example:
     ...     with pool.session(timeout=60) as sb:
     ...         sb.write_file("/workspace/t.py", "print(6 * 7)")
     ...         sb.exec("python3 t.py", timeout=10).stdout
-    '42\n'
+    '42\\n'
 """
 
 from __future__ import annotations
