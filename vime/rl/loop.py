@@ -55,6 +55,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     from vime.buffer import DataBuffer
     from vime.engine import EngineClient
     from vime.envs import TaskSource
+    from vime.evaluate import evaluate
     from vime.observability.metrics import MetricsLog
     from vime.rl.console import StepConsole
     from vime.rl.weight_sync import DiskWeightSync
@@ -63,14 +64,14 @@ def train(cfg: TrainConfig) -> TrainResult:
     run = _open_run(cfg)
     console = StepConsole(total=cfg.steps, run_dir=run.root)
     model_dir = prepare_model(cfg, run)
-    tasks = TaskSource(_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
-    eval_tasks = _eval_tasks(cfg)
+    tasks = TaskSource(load_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
+    eval_tasks = load_eval_tasks(cfg)
     trainer = Trainer(model_dir, cfg.trainer)
     start = _restore(run, trainer, tasks)
     metrics_log = MetricsLog(run.metrics)
     buffer = DataBuffer(run.root)
 
-    with _engine(cfg, model_dir, run) as server:
+    with serve_engine(cfg, model_dir, log_dir=run.logs) as server:
         engine = EngineClient(server.url)
         policy = PolicyClient.from_urls(server.url)
         sync = DiskWeightSync(trainer, [engine], run.weights)
@@ -282,33 +283,6 @@ def make_samples(
     return samples, stats
 
 
-async def evaluate(
-    policy: Any, model_dir: Path, cfg: TrainConfig, tasks: list[dict[str, Any]]
-) -> dict[str, float]:
-    """Greedy evaluation on ``tasks`` with the same agent code; returns ``eval/*`` metrics."""
-    import dataclasses
-
-    import vime.envs as envs
-    from vime.agents.collector import Collector
-
-    collector_cfg = dataclasses.replace(
-        cfg.rollout.collector,
-        n_samples=1,
-        sampling=dataclasses.replace(cfg.rollout.collector.sampling, temperature=0.0),
-        progress=False,
-    )
-    collector = Collector(policy, model_dir, collector_cfg)
-    try:
-        episodes = await collector.collect(tasks, lambda: envs.make(cfg.env.id, **cfg.env.kwargs))
-    finally:
-        collector.close()
-    n = max(len(episodes), 1)
-    return {
-        "eval/reward": sum(ep.reward for ep in episodes) / n,
-        "eval/completed": sum(ep.status.value == "completed" for ep in episodes) / n,
-    }
-
-
 # ---------------------------------------------------------------- setup helpers
 
 
@@ -332,7 +306,7 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
     return warm_start(base, cfg.model, cfg.env, cache)
 
 
-def _train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
+def load_train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
     from vime.rl.tasks import builtin_tasks
 
     return builtin_tasks(
@@ -340,7 +314,7 @@ def _train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
     )
 
 
-def _eval_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
+def load_eval_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
     from vime.rl.tasks import builtin_tasks
 
     if cfg.env.eval_size == 0:
@@ -369,7 +343,8 @@ def _open_run(cfg: TrainConfig) -> RunDir:
 
 
 @contextlib.contextmanager
-def _engine(cfg: TrainConfig, model_dir: Path, run: RunDir) -> Iterator[Any]:
+def serve_engine(cfg: TrainConfig, model_dir: Path, log_dir: Path | None) -> Iterator[Any]:
+    """The configured engine: attached to ``engine.url``, or launched on ``model_dir``."""
     import dataclasses
 
     from vime.engine import VLLMServer
@@ -378,7 +353,7 @@ def _engine(cfg: TrainConfig, model_dir: Path, run: RunDir) -> Iterator[Any]:
         yield VLLMServer.attach(cfg.engine.url)
         return
     engine_cfg = dataclasses.replace(
-        cfg.engine, model=str(model_dir), log_dir=cfg.engine.log_dir or str(run.logs)
+        cfg.engine, model=str(model_dir), log_dir=cfg.engine.log_dir or str(log_dir or "")
     )
     server = VLLMServer(engine_cfg)
     server.start()
