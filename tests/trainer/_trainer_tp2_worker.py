@@ -2,7 +2,7 @@
 
 One spawn does everything that needs two processes, because each spawn costs ~10 s of
 imports: logits vs HF at TP=2 for every family, HF export at TP=2, a TP=2 training run that
-saves a checkpoint mid-way, and a DP=2 (TP=1) step.
+saves a checkpoint mid-way, a DP=2 (TP=1) step and a PP=2 step.
 """
 
 from __future__ import annotations
@@ -78,6 +78,17 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     found["dp2_step1"] = dp2.train_step(samples)
     found["dp2_logprobs_after"] = dp2.compute_logprobs(samples)
     found["dp"] = dp2.parallel.dp
+
+    pp2 = Trainer(checkpoints["qwen2"], TrainerConfig(pp=2, **cfg))  # tied embeddings across stages
+    exported = pp2.export_hf(out / "export_pp2")
+    if rank == 0:
+        assert exported is not None
+        a, b = read_hf_state(checkpoints["qwen2"]), read_hf_state(exported)
+        found["export_exact"]["qwen2_pp2"] = sorted(a) == sorted(b) and all(
+            torch.equal(a[k], b[k]) for k in a
+        )
+    found["pp2_logprobs"] = pp2.compute_logprobs(samples)
+    found["pp2_step1"] = pp2.train_step(samples)
     if rank == 0:
         (out / "found.json").write_text(json.dumps(found))
     dist.barrier()

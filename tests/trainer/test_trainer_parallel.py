@@ -1,4 +1,4 @@
-"""TP=2 and DP=2 on CPU (two gloo processes), checked against TP=1 in this process."""
+"""TP=2, DP=2 and PP=2 on CPU (two gloo processes), checked against TP=1 in this process."""
 
 from __future__ import annotations
 
@@ -12,6 +12,10 @@ from vime.trainer.parallel import free_port
 from vime.trainer.step import Trainer, TrainerConfig
 
 
+def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
+    return max(abs(x - y) for ra, rb in zip(a, b, strict=True) for x, y in zip(ra, rb, strict=True))
+
+
 def _entry(rank, port, checkpoints, out_dir):
     # imported in the child (spawn), where tests/trainer is on sys.path
     from _trainer_tp2_worker import run
@@ -20,7 +24,7 @@ def _entry(rank, port, checkpoints, out_dir):
 
 
 @pytest.mark.slow
-def test_tp2_logits_export_checkpoint_and_dp2(hf_checkpoints, dist1, tmp_path):
+def test_tp2_dp2_pp2_match_tp1_and_tp2_checkpoint_resumes_at_tp1(hf_checkpoints, dist1, tmp_path):
     checkpoints = {k: str(v) for k, v in hf_checkpoints.items()}
     mp.spawn(_entry, args=(free_port(), checkpoints, str(tmp_path)), nprocs=2, join=True)
     found = json.loads((tmp_path / "found.json").read_text())
@@ -29,33 +33,20 @@ def test_tp2_logits_export_checkpoint_and_dp2(hf_checkpoints, dist1, tmp_path):
     for family in ("llama", "qwen2", "qwen3"):
         assert found["logit_diff"][family] < 1e-4, (family, found["logit_diff"][family])
         assert found["export_exact"][family], family
+    assert found["export_exact"]["qwen2_pp2"]
 
     samples = random_samples(6, 250, seed=7)
     cfg = TrainerConfig(tp=1, lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
     tp1 = Trainer(hf_checkpoints["qwen2"], cfg)
     lp = tp1.compute_logprobs(samples)
-    assert (
-        max(
-            abs(a - b)
-            for ra, rb in zip(lp, found["tp2_logprobs"], strict=True)
-            for a, b in zip(ra, rb, strict=True)
-        )
-        < 1e-5
-    )
+    for other in ("tp2_logprobs", "pp2_logprobs"):
+        assert max_abs_diff(lp, found[other]) < 1e-5, other
     step1 = tp1.train_step(samples)
-    for other in ("tp2_step1", "dp2_step1"):  # same loss and gradient at TP=2 and at DP=2
+    for other in ("tp2_step1", "dp2_step1", "pp2_step1"):  # same loss and gradient everywhere
         assert found[other]["loss"] == pytest.approx(step1["loss"], rel=1e-5), other
         assert found[other]["grad_norm"] == pytest.approx(step1["grad_norm"], rel=1e-4), other
     assert found["dp"] == 2
-    after = tp1.compute_logprobs(samples)
-    assert (
-        max(
-            abs(a - b)
-            for ra, rb in zip(after, found["dp2_logprobs_after"], strict=True)
-            for a, b in zip(ra, rb, strict=True)
-        )
-        < 1e-5
-    )
+    assert max_abs_diff(tp1.compute_logprobs(samples), found["dp2_logprobs_after"]) < 1e-5
 
     # saved at TP=2 after one step, loaded at TP=1: the next step is the one TP=2 took
     resumed = Trainer(hf_checkpoints["qwen2"], cfg)

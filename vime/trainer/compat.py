@@ -123,7 +123,7 @@ def apply_cpu_shims() -> None:
 
 
 def init_rng_tracker(seed: int) -> None:
-    """Seed torch and (re)create Megatron's model-parallel RNG tracker.
+    """Seed Python's ``random`` and torch, and (re)create Megatron's model-parallel RNG tracker.
 
     On CPU the tracker cannot hold CUDA generator states, so the "inference" tracker (which
     only records names) is used; dropout is always 0 in vime's model configs, so no
@@ -132,8 +132,12 @@ def init_rng_tracker(seed: int) -> None:
     Example:
         >>> init_rng_tracker(1234)
     """
+    import random
+
     from megatron.core import tensor_parallel
 
+    # Every rank gets the same seed: the checkpoint stores one (common) RNG state.
+    random.seed(seed)
     torch.manual_seed(seed)
     if cuda_available():
         tensor_parallel.model_parallel_cuda_manual_seed(seed)

@@ -239,7 +239,19 @@ def build_gpt_model(cfg: Any, *, dtype: torch.dtype = torch.float32) -> Any:
     pp = ps.get_pipeline_model_parallel_world_size()
     config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype)
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
-    model = policy_model_class()(
+    from vime.trainer.compat import cpu_device_scope
+
+    # With PP and tied embeddings Megatron moves the last stage's copy to CUDA to sync it.
+    with cpu_device_scope():
+        model = _construct(config, layer_spec, spec)
+    model.hf_spec = spec
+    return model
+
+
+def _construct(config: Any, layer_spec: Any, spec: ModelSpec) -> Any:
+    from megatron.core import parallel_state as ps
+
+    return policy_model_class()(
         config=config,
         transformer_layer_spec=layer_spec,
         vocab_size=spec.padded_vocab_size,
@@ -251,5 +263,3 @@ def build_gpt_model(cfg: Any, *, dtype: torch.dtype = torch.float32) -> Any:
         position_embedding_type="rope",
         rotary_base=spec.rope_theta,
     )
-    model.hf_spec = spec
-    return model
