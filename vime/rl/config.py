@@ -156,27 +156,34 @@ class TrainConfig:
         )
 
 
-def _math_preset() -> EnvConfig:
+def _math_preset() -> dict[str, Any]:
     # 2-digit addition: the task the tiny model was measured to learn (ENVIRONMENT.md).
-    return EnvConfig(builtin_args={"n": 4096, "levels": ["add2"]})
+    return {"env": EnvConfig(builtin_args={"n": 4096, "levels": ["add2"]})}
 
 
-def _tools_preset() -> EnvConfig:
-    return EnvConfig(
-        id="vime/Tools-v0",
-        builtin_tasks="envs.tools.tasks:generate_tasks",
-        builtin_args={},
-        eval_size=16,
-    )
+def _tools_preset() -> dict[str, Any]:
+    # Tool schemas fill most of a 1k context: give multi-turn envs the model's full 2k.
+    return {
+        "env": EnvConfig(
+            id="vime/Tools-v0", builtin_tasks="envs.tools.tasks:generate_tasks", eval_size=16
+        ),
+        "engine": {"max_model_len": 2048},
+        "rollout": {
+            "collector": {"max_turns": 4, "max_model_len": 2048, "sampling": {"max_tokens": 96}}
+        },
+    }
 
 
-def _swe_preset() -> EnvConfig:
-    return EnvConfig(
-        id="vime/SWE-v0",
-        builtin_tasks="envs.swe.tasks:load_bundled",
-        builtin_args={},
-        eval_size=8,
-    )
+def _swe_preset() -> dict[str, Any]:
+    return {
+        "env": EnvConfig(
+            id="vime/SWE-v0", builtin_tasks="envs.swe.tasks:load_bundled", eval_size=8
+        ),
+        "engine": {"max_model_len": 2048},
+        "rollout": {
+            "collector": {"max_turns": 8, "max_model_len": 2048, "sampling": {"max_tokens": 128}}
+        },
+    }
 
 
 def _tiny_model() -> ModelConfig:
@@ -203,7 +210,8 @@ def _store() -> None:
     cs = ConfigStore.instance()
     cs.store(name="vime_train", node=TrainConfig(trainer=TINY_TRAINER))
     for name, preset in ENV_PRESETS.items():
-        cs.store(group="env", name=name, node=preset())
+        # Global package: an env preset may also set engine/rollout defaults it needs.
+        cs.store(group="env", name=name, node=preset(), package="_global_")
     for name, model in MODEL_PRESETS.items():
         cs.store(group="model", name=name, node=model())
 

@@ -56,7 +56,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     from vime.engine import EngineClient
     from vime.envs import TaskSource
     from vime.evaluate import evaluate
-    from vime.observability.metrics import MetricsLog
+    from vime.observability.metrics import MetricsLog, plot_curves
     from vime.rl.console import StepConsole
     from vime.rl.weight_sync import DiskWeightSync
     from vime.trainer.step import Trainer
@@ -64,23 +64,31 @@ def train(cfg: TrainConfig) -> TrainResult:
     run = _open_run(cfg)
     console = StepConsole(total=cfg.steps, run_dir=run.root)
     model_dir = prepare_model(cfg, run)
-    tasks = TaskSource(load_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
+    tasks = TaskSource(
+        load_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
+    )
     eval_tasks = load_eval_tasks(cfg)
     trainer = Trainer(model_dir, cfg.trainer)
     start = _restore(run, trainer, tasks)
     metrics_log = MetricsLog(run.metrics)
-    buffer = DataBuffer(run.root)
 
-    with serve_engine(cfg, model_dir, log_dir=run.logs) as server:
+    with contextlib.ExitStack() as cleanup:
+        buffer = DataBuffer(run.root)
+        cleanup.callback(buffer.close)
+        server = cleanup.enter_context(serve_engine(cfg, model_dir, log_dir=run.logs))
         engine = EngineClient(server.url)
         policy = PolicyClient.from_urls(server.url)
         sync = DiskWeightSync(trainer, [engine], run.weights)
         version = start
-        if start > 0:  # the engine starts from the base weights: give it the resumed ones
+        if start > 0 or cfg.engine.url:
+            # A resumed run, or an engine vime did not launch, may not serve the policy's
+            # current weights: push them before the first rollout.
             sync.sync(version)
         policy.set_weight_version_all(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
+        cleanup.callback(collector.close)
         runner = _Rollouts(cfg, collector, buffer, tasks, policy, server, sync)
+        cleanup.callback(runner.close)
 
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
@@ -111,12 +119,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             metrics_log.write(step, row)
             console.step(step, row)
             if cfg.plot:
-                from vime.observability.metrics import plot_curves
-
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
-        runner.close()
-        collector.close()
-    buffer.close()
     console.done()
     return TrainResult(run.root, cfg.steps, metrics_log.read())
 

@@ -1,0 +1,77 @@
+"""Time split of an RL step (rollout / train / sync), sync vs async mode, in one run.
+
+Both modes run the same config on the same vLLM server (launched once; each run pushes
+its starting weights first), alternating sync → async → sync → async so that machine
+noise hits both. Prints the per-step medians and the ratio of async to sync wall time
+per step (< 1 means the overlap pays).
+
+    .venv/bin/python bench/step.py                 # defaults: env=math, 6 steps, 2 rounds
+    .venv/bin/python bench/step.py --steps 8 --rounds 3 rollout.batch_size=32
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+
+from vime.engine import EngineConfig, VLLMServer
+from vime.rl.config import load_config
+from vime.rl.loop import prepare_model, train
+from vime.rl.run_dir import RunDir
+
+KEYS = ("time/rollout_s", "time/train_s", "time/sync_s", "time/step_s")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("overrides", nargs="*", help="train config overrides (key=value)")
+    args = parser.parse_args()
+
+    root = tempfile.mkdtemp(prefix="vime-bench-step-")
+    base = [
+        f"run_root={root}",
+        f"steps={args.steps}",
+        "eval_every=0",
+        "save_every=0",
+        "plot=false",
+        *args.overrides,
+    ]
+    cfg = load_config(base)
+    model_dir = prepare_model(cfg, RunDir.create(root, "model"))
+    server = VLLMServer(
+        EngineConfig(model=str(model_dir), max_model_len=cfg.engine.max_model_len)
+    ).start()
+    results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
+    try:
+        for _ in range(args.rounds):
+            for mode in ("sync", "async"):
+                rows = train(
+                    load_config([*base, f"engine.url={server.url}", f"rollout.mode={mode}"])
+                ).metrics
+                # The first step of a run has nothing to overlap with: measure the steady state.
+                results[mode].extend(rows[1:])
+    finally:
+        server.stop()
+
+    print(f"\nsteady-state medians over {args.rounds} runs × {args.steps - 1} steps per mode")
+    print(f"{'mode':<6}" + "".join(f"{k.split('/')[1]:>12}" for k in KEYS) + f"{'reward':>10}")
+    medians: dict[str, dict[str, float]] = {}
+    for mode, rows in results.items():
+        medians[mode] = {k: statistics.median(r[k] for r in rows) for k in KEYS}
+        reward = statistics.mean(r["reward/mean"] for r in rows)
+        print(
+            f"{mode:<6}" + "".join(f"{medians[mode][k]:>11.2f}s" for k in KEYS) + f"{reward:>10.3f}"
+        )
+    ratio = medians["async"]["time/step_s"] / medians["sync"]["time/step_s"]
+    print(f"\nasync / sync wall time per step: {ratio:.2f}×")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
