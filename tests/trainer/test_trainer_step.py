@@ -93,6 +93,10 @@ def test_checkpoint_resume_and_hf_export(hf_checkpoints, dist1, tmp_path):
 
     with pytest.raises(TrainerError, match=r"metadata\.json"):
         resumed.load_checkpoint(tmp_path / "hf")
+    bad = random_samples(1, 250, seed=4)
+    bad[0].tokens[-1] = 999
+    with pytest.raises(TrainerError, match="outside the model's vocabulary"):
+        resumed.train_step(bad)
 
 
 def test_config_errors_name_the_field():

@@ -2,7 +2,7 @@
 
 One entry point, :func:`init_distributed`, works in three situations:
 
-- a plain Python process (the CPU default): world size 1, a free local port is picked;
+- a plain Python process (the CPU default): world size 1, an in-memory store (no port);
 - under ``torchrun`` (``RANK`` / ``WORLD_SIZE`` / ``MASTER_ADDR`` / ``MASTER_PORT`` set);
 - under ``torch.multiprocessing.spawn`` where the caller set those variables per rank.
 
@@ -70,18 +70,21 @@ def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
     if not dist.is_initialized():
         world = int(os.environ.get("WORLD_SIZE", "1"))
         rank = int(os.environ.get("RANK", "0"))
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        if "MASTER_PORT" not in os.environ:
-            if world > 1:
-                raise TrainerError(
-                    "MASTER_PORT is not set but WORLD_SIZE > 1: launch with torchrun or set "
-                    "MASTER_ADDR/MASTER_PORT for every rank"
-                )
-            os.environ["MASTER_PORT"] = str(free_port())
         if cuda_available():
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
         backend = "nccl" if cuda_available() else "gloo"
-        dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        if "MASTER_PORT" in os.environ:
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            dist.init_process_group(backend=backend, rank=rank, world_size=world)
+        elif world == 1:
+            # A single process needs no rendezvous: an in-memory store avoids picking a port
+            # (and racing other processes for it).
+            dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
+        else:
+            raise TrainerError(
+                "MASTER_PORT is not set but WORLD_SIZE > 1: launch with torchrun or set "
+                "MASTER_ADDR/MASTER_PORT for every rank"
+            )
     world = dist.get_world_size()
     if tp < 1 or pp < 1 or world % (tp * pp) != 0:
         raise TrainerError(

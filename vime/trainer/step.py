@@ -220,6 +220,14 @@ class Trainer:
         indices: list[int],
         old_logprobs: Sequence[Sequence[float]] | None,
     ) -> list[MicroBatch]:
+        vocab = self.spec.vocab_size
+        for i in indices:
+            bad = [t for t in samples[i].tokens if not 0 <= t < vocab]
+            if bad:
+                raise TrainerError(
+                    f"sample {i} has token ids {bad[:3]} outside the model's vocabulary [0, {vocab}): "
+                    "were the samples tokenized for another model?"
+                )
         lengths = [len(samples[i].tokens) for i in indices]
         groups = pack_indices(lengths, self.config.micro_batch_tokens)
         return [
@@ -278,8 +286,8 @@ class Trainer:
 
     def _loss_func(self, denom: float, mb: MicroBatch, hidden: torch.Tensor):
         cfg = self.config.loss
-        need_entropy = True  # reported every step; cheap next to the logits themselves
-        logp, entropy = self._token_logprobs(hidden, mb, need_entropy)
+        # The entropy is reported every step; it is cheap next to the logits themselves.
+        logp, entropy = self._token_logprobs(hidden, mb, with_entropy=True)
         old = mb.old_logprobs if mb.old_logprobs is not None else logp.detach()
         terms = policy_loss(
             logp,
