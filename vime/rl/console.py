@@ -18,14 +18,17 @@ class StepConsole:
 
     def __init__(self, total: int, run_dir: str | Path) -> None:
         self.total = total
-        self.console = Console(stderr=True, highlight=False)
+        self.console = Console(stderr=True, highlight=False, soft_wrap=True)
         self.first_reward: float | None = None
         self.console.print(f"[bold]vime[/] run folder: {run_dir}")
-        self.console.print(
-            "[dim]step   reward  (Δ start)  eval    tok/s   rollout  train   sync   |lp diff|  version[/]"
-        )
+        self.header_shown = False
 
     def step(self, step: int, row: dict[str, Any]) -> None:
+        if not self.header_shown:  # after the warm start and engine start-up logs
+            self.console.print(
+                "[dim]step       reward  (Δ start)    eval    tok/s   rollout  train   sync  |lp diff|  version[/]"
+            )
+            self.header_shown = True
         reward = row.get("reward/mean", float("nan"))
         if self.first_reward is None:
             self.first_reward = reward

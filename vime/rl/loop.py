@@ -388,12 +388,23 @@ def _checkpoint(run: RunDir, trainer: Any, tasks: Any, step: int) -> None:
 # ---------------------------------------------------------------- command line
 
 
+def quiet_library_warnings() -> None:
+    """Hide import-time warnings about optional CUDA extensions (Apex, Transformer Engine)
+    and deprecations inside Megatron that a user cannot act on; vime's own output stays."""
+    import warnings
+
+    for category in (UserWarning, DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"megatron\.")
+        warnings.filterwarnings("ignore", category=category, module=r"torch\.distributed\.")
+
+
 def main(argv: list[str]) -> int:
     """``vime-agent train [group=option ...] [key=value ...]``."""
     if any(a in ("-h", "--help") for a in argv):
         print("usage: vime-agent train [group=option ...] [key=value ...]\n")
         print(describe())
         return 0
+    quiet_library_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("vime").setLevel(logging.INFO)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -111,11 +111,13 @@ def _run(spec: dict[str, Any]) -> None:
 
     import vime.envs as envs
     from vime.agents.chat_tokens import ChatTokens
+    from vime.rl.loop import quiet_library_warnings
     from vime.rl.tasks import builtin_tasks
     from vime.trainer.losses import LossConfig
     from vime.trainer.step import Trainer, TrainerConfig
     from vime.types import Sample
 
+    quiet_library_warnings()
     model = ModelConfig(**spec["model"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     tasks = builtin_tasks(
