@@ -20,10 +20,16 @@ from vime.errors import VimeError
 
 # command -> (module:function, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("vime.rl.loop:main", "run RL training: vime-agent train env=math|tools|swe [key=value ...]"),
+    "train": (
+        "vime.rl.loop:main",
+        "run RL training: vime-agent train env=math|tools|swe [key=value ...]",
+    ),
     "eval": ("vime.evaluate:main", "evaluate a checkpoint on an env suite"),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
-    "serve": ("vime.engine.cli:main", "start a vLLM server for a model folder and wait until ready"),
+    "serve": (
+        "vime.engine.cli:main",
+        "start a vLLM server for a model folder and wait until ready",
+    ),
     "envs": ("vime.envs.cli:list_main", "list registered environments"),
     "check-env": ("vime.envs.cli:check_main", "run the env checker on a registered env id"),
     "sandbox": ("vime.sandbox.cli:main", "sandbox images and cleanup (build-base, gc)"),

@@ -98,7 +98,11 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{key}: expected true/false, got {value!r}", key=key)
-    if isinstance(current, int | float) and isinstance(value, int | float) and not isinstance(value, bool):
+    if (
+        isinstance(current, int | float)
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+    ):
         if target is int and isinstance(value, float) and not value.is_integer():
             raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
         return target(value)

@@ -71,7 +71,9 @@ def arithmetic_task(rng: np.random.Generator, level: str = DEFAULT_LEVEL) -> Tas
     }
 
 
-def arithmetic_suite(n: int = 4096, *, seed: int = 0, levels: Sequence[str] = tuple(LEVELS)) -> list[Task]:
+def arithmetic_suite(
+    n: int = 4096, *, seed: int = 0, levels: Sequence[str] = tuple(LEVELS)
+) -> list[Task]:
     """``n`` tasks cycling through ``levels``, deterministic from ``seed``; ids are unique.
 
     Example:
