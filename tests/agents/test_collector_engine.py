@@ -58,10 +58,15 @@ def collect(url, tokenizer, env_factory, tasks=TASKS, **config) -> tuple[list[Ep
     client, raw = recording_client(url)
     config.setdefault("sampling", tool_sampling())
     collector = Collector(client, tokenizer, CollectorConfig(progress=False, **config))
-    try:
-        return asyncio.run(collector.collect(tasks, env_factory)), raw
-    finally:
-        collector.close()
+
+    async def run() -> list[Episode]:
+        try:
+            return await collector.collect(tasks, env_factory)
+        finally:
+            await client.aclose()
+            collector.close()
+
+    return asyncio.run(run()), raw
 
 
 @pytest.fixture(scope="module")
@@ -204,7 +209,14 @@ def test_failures_become_episodes_not_crashes(vllm_server, tok) -> None:
         "http://127.0.0.1:9", model="m", max_attempts=2, backoff_initial_s=0.01
     )
     collector = Collector(dead, tok, CollectorConfig(progress=False, max_model_len=512))
-    down = asyncio.run(collector.collect(TASKS[:1], ToolTurnsEnv))
+
+    async def run_dead() -> list[Episode]:
+        try:
+            return await collector.collect(TASKS[:1], ToolTurnsEnv)
+        finally:
+            await dead.aclose()
+
+    down = asyncio.run(run_dead())
     assert down[0].status is EpisodeStatus.ABORTED and "unreachable" in down[0].reason
 
 
@@ -249,6 +261,7 @@ def test_stream_and_groups(vllm_server, tok) -> None:
         )
         singles = [ep async for ep in collector.stream(TASKS[:2], ToolTurnsEnv)]
         groups = [g async for g in collector.stream_groups(TASKS[:2], ToolTurnsEnv)]
+        await collector.client.aclose()
         return singles, groups
 
     singles, groups = asyncio.run(run())

@@ -52,7 +52,11 @@ def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
 
     client = PolicyClient(
         PolicyClientConfig(
-            urls=[URL], model="m", backoff_initial_s=0.001, backoff_max_s=0.01, **config
+            urls=[URL],
+            model="m",
+            backoff_initial_s=0.001,
+            backoff_max_s=0.01,
+            **config,
         )
     )
     client._clients[URL] = openai.AsyncOpenAI(
@@ -146,8 +150,15 @@ def test_dead_server_is_unavailable_and_avoided() -> None:
         dead = f"http://127.0.0.1:{s.getsockname()[1]}"
     client = PolicyClient.from_urls(dead, URL, model="m", max_attempts=2, backoff_initial_s=0.001)
     assert client.server_for("a") == dead
+
+    async def run() -> None:
+        try:
+            await client.generate([1], SamplingParams(), session="a")
+        finally:
+            await client.aclose()
+
     with pytest.raises(EngineUnavailableError, match="unreachable after 2 attempts"):
-        asyncio.run(client.generate([1], SamplingParams(), session="a"))
+        asyncio.run(run())
     client.release("a")
     assert [client.server_for(s) for s in ("b", "c")] == [URL, URL]  # dead one is skipped
 

@@ -93,6 +93,8 @@ class ChatTokens:
 
         require_choice(on_template_mismatch, "on_template_mismatch", TEMPLATE_MISMATCH_MODES)
         self.tokenizer = tokenizer
+        # Fast (Rust) tokenizers expose their backend; slow ones go through transformers.
+        self._backend = getattr(tokenizer, "backend_tokenizer", None)
         self.tools = tools or None
         self.env_id = env_id
         self.on_template_mismatch = on_template_mismatch

@@ -268,24 +268,26 @@ class Collector:
             engine_len = None
         self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
 
-    async def _env_call(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """``fn(*args)`` in the env thread pool, with the timeout; any failure is an EnvError."""
+    async def _env_call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` in the env thread pool, with the timeout; any failure is an EnvError.
+
+        ``what`` names the env method in messages (``"step"``).
+        """
         loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, lambda: fn(*args, **kwargs))
-        name = getattr(fn, "__name__", "env call")
+        future = loop.run_in_executor(self._pool, fn, *args)
         try:
             return await asyncio.wait_for(future, self.config.env_timeout_s)
         except TimeoutError:
             # The thread cannot be killed; it finishes on its own and its result is dropped.
             raise _EpisodeEnd(
                 EpisodeStatus.ERROR,
-                f"env {name}() timed out after {self.config.env_timeout_s}s "
+                f"env {what}() timed out after {self.config.env_timeout_s}s "
                 "(raise collector.env_timeout_s, or make the env faster)",
             ) from None
         except EnvError:
             raise
         except Exception as err:  # an env not built by vime.make raises raw exceptions
-            raise EnvError(f"{name}() raised {type(err).__name__}: {err}") from err
+            raise EnvError(f"{what}() raised {type(err).__name__}: {err}") from err
 
     def _seed(self, task_id: str, index: int, turn: int) -> int | None:
         if self.config.seed is None:
@@ -302,6 +304,7 @@ class Collector:
         timings = {"reset_s": 0.0, "generate_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
         turns: list[Turn] = []
         leftover: list[Message] = []  # env messages after the last turn (not tokenized)
+        env_metrics: dict[str, float] | None = None  # set once the env is closed
         env: Any = None
         env_id = ""
         chat: ChatTokens | None = None
@@ -310,13 +313,15 @@ class Collector:
         budget = self._budget or cfg.max_model_len
         server = ""
         try:
-            env = await self._env_call(factory)
+            # Build + reset in one trip to the thread pool (each trip costs a thread wake-up).
+            box: list[Any] = []
+            try:
+                messages, timings["reset_s"] = await self._env_call(
+                    "reset", _start_env, factory, box, self._seed(task_id, index, -1), task
+                )
+            finally:
+                env = box[0] if box else None
             env_id = str(getattr(env, "env_id", "") or type(env).__name__)
-            t0 = time.perf_counter()
-            messages, _info = await self._env_call(
-                env.reset, seed=self._seed(task_id, index, -1), options={"task": task}
-            )
-            timings["reset_s"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             chat = ChatTokens(
                 self.tokenizer,
@@ -363,7 +368,10 @@ class Collector:
                 turns.append(turn)
                 if out.finish_reason == "abort":
                     raise _EpisodeEnd(EpisodeStatus.ABORTED, "the engine aborted the request")
-                new, step_reward, terminated, truncated, info = await self._step(env, action, turn)
+                cut = out.finish_reason == "length" and cfg.truncate_on_max_tokens
+                closing = cut or turn_index == cfg.max_turns - 1
+                step, env_metrics = await self._step(env, action, turn, closing)
+                new, step_reward, terminated, truncated, info = step
                 timings["env_s"] += turn.env_step_s
                 reward += step_reward
                 leftover = [dict(m) for m in new]
@@ -403,9 +411,11 @@ class Collector:
             status, reason = EpisodeStatus.ERROR, f"{type(err).__name__}: {err}"
         finally:
             self.client.release(uid)
-        metrics: dict[str, float] = {}
+        metrics: dict[str, float] = dict(env_metrics or {})
         if env is not None:
-            metrics = await self._finish_env(env)
+            env_id = env_id or str(getattr(env, "env_id", "") or type(env).__name__)
+            if env_metrics is None:  # not closed with its last step
+                metrics = await self._finish_env(env)
         if chat is not None:
             try:
                 chat.close()
@@ -442,30 +452,67 @@ class Collector:
         )
 
     async def _step(
-        self, env: Any, action: Action, turn: Turn
-    ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
+        self, env: Any, action: Action, turn: Turn, closing: bool
+    ) -> tuple[tuple[list[Message], float, bool, bool, dict[str, Any]], dict[str, float] | None]:
+        """Step the env; if the episode ends here, also read its metrics and close it.
+
+        Returns the step result and the metrics (None while the env stays open). Doing the
+        end-of-episode work in the same trip to the thread pool saves one thread wake-up
+        per episode.
+        """
         if action.parse_errors and self.config.tool_parse_errors == "observe":
             note = {"role": "tool", "content": parse_error_message(action)}
-            return [note], 0.0, False, False, {}
+            return ([note], 0.0, False, False, {}), None
         t0 = time.perf_counter()
-        new, reward, terminated, truncated, info = await self._env_call(env.step, action)
+        result, metrics = await self._env_call("step", _step_env, env, action, closing)
+        new, reward, terminated, truncated, info = result
         turn.env_step_s = time.perf_counter() - t0
         turn.reward = float(reward)
-        return list(new or []), float(reward), bool(terminated), bool(truncated), info or {}
+        step = (list(new or []), float(reward), bool(terminated), bool(truncated), info or {})
+        return step, metrics
 
     async def _finish_env(self, env: Any) -> dict[str, float]:
-        """Read the env's metrics and close it; neither may fail the episode."""
-        metrics: dict[str, float] = {}
+        """Read the env's metrics and close it (one thread trip); neither may fail the episode."""
         try:
-            got = await self._env_call(getattr(env, "episode_metrics", dict))
-            metrics = {str(k): float(v) for k, v in (got or {}).items()}
-        except Exception as err:
-            logger.warning("episode_metrics() failed: %s", err)
-        try:
-            await self._env_call(env.close)
-        except Exception as err:
-            logger.warning("env close() failed: %s", err)
-        return metrics
+            return dict(await self._env_call("close", _finish_env, env))
+        except (_EpisodeEnd, EnvError) as err:
+            logger.warning("env episode_metrics()/close() failed: %s", err)
+            return {}
+
+
+def _start_env(
+    factory: EnvFactory, box: list[Any], seed: int | None, task: dict[str, Any]
+) -> tuple[list[Message], float]:
+    """(In a pool thread.) Build an env, put it in ``box``, reset it; return (messages, seconds)."""
+    env = factory()
+    box.append(env)  # the caller closes it even if reset fails
+    t0 = time.perf_counter()
+    messages, _info = env.reset(seed=seed, options={"task": task})
+    return messages, time.perf_counter() - t0
+
+
+def _step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, float] | None]:
+    """(In a pool thread.) ``env.step``; then, if the episode is over, metrics and close."""
+    result = env.step(action)
+    if not (closing or result[2] or result[3]):
+        return result, None
+    try:
+        return result, _finish_env(env)
+    except Exception as err:  # the step's result must not be lost to a failing close()
+        logger.warning("env close() failed: %s", err)
+        return result, {}
+
+
+def _finish_env(env: Any) -> dict[str, float]:
+    """(In a pool thread.) The env's episode metrics, then close it."""
+    metrics: dict[str, float] = {}
+    try:
+        got = env.episode_metrics() if hasattr(env, "episode_metrics") else {}
+        metrics = {str(k): float(v) for k, v in (got or {}).items()}
+    except Exception as err:
+        logger.warning("episode_metrics() failed: %s", err)
+    env.close()
+    return metrics
 
 
 def _finite(x: float) -> bool:
