@@ -10,6 +10,7 @@ MODULES = [
     "vime.trainer.compat",
     "vime.trainer.parallel",
     "vime.trainer.model",
+    "vime.trainer.attention",
     "vime.trainer.hf",
     "vime.trainer.logprobs",
     "vime.trainer.losses",

@@ -20,11 +20,14 @@ def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
         return model(ids, pos, mask)[..., : model.hf_spec.vocab_size]
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_logits_match_hf_and_export_round_trips(family, hf_checkpoints, dist1, tmp_path):
+@pytest.mark.parametrize(
+    ("family", "attention"),
+    [("llama", "sdpa"), ("qwen2", "sdpa"), ("qwen3", "sdpa"), ("qwen3", "megatron")],
+)
+def test_logits_match_hf_and_export_round_trips(family, attention, hf_checkpoints, dist1, tmp_path):
     folder = hf_checkpoints[family]
     hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model = build_gpt_model(hf.config)
+    model = build_gpt_model(hf.config, attention=attention)
     load_hf_weights(model, folder)
     ids = torch.randint(
         0, hf.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(1)

@@ -221,11 +221,18 @@ def policy_model_class() -> type:
     return _POLICY_CLASS
 
 
-def build_gpt_model(cfg: Any, *, dtype: torch.dtype = torch.float32) -> Any:
+ATTENTION_BACKENDS = ("sdpa", "megatron")
+
+
+def build_gpt_model(
+    cfg: Any, *, dtype: torch.dtype = torch.float32, attention: str = "sdpa"
+) -> Any:
     """Build this rank's stage of the Megatron GPT model for HF config ``cfg``.
 
     Needs :func:`vime.trainer.parallel.init_distributed` first (TP/PP sizes come from it).
-    Weights are random until :func:`vime.trainer.hf.load_hf_weights`.
+    Weights are random until :func:`vime.trainer.hf.load_hf_weights`. ``attention`` is
+    ``"sdpa"`` (PyTorch's fused causal attention, see :mod:`vime.trainer.attention`) or
+    ``"megatron"`` (megatron-core's unfused ``DotProductAttention``).
 
     Example:
         >>> from transformers import LlamaConfig
@@ -239,6 +246,13 @@ def build_gpt_model(cfg: Any, *, dtype: torch.dtype = torch.float32) -> Any:
     pp = ps.get_pipeline_model_parallel_world_size()
     config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype)
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    if attention not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_BACKENDS}")
+    if attention == "sdpa":
+        from vime.trainer.attention import sdpa_core_attention_class
+
+        attn = layer_spec.submodules.self_attention.submodules
+        attn.core_attention = sdpa_core_attention_class()
     from vime.trainer.compat import cpu_device_scope
 
     # With PP and tied embeddings Megatron moves the last stage's copy to CUDA to sync it.

@@ -42,7 +42,7 @@ from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_track
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import token_logprobs
 from vime.trainer.losses import LossConfig, aggregate, denominator_from_counts, policy_loss
-from vime.trainer.model import build_gpt_model
+from vime.trainer.model import ATTENTION_BACKENDS, build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
 from vime.types import Sample
 
@@ -59,7 +59,8 @@ class TrainerConfig:
     ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once.
     The learning rate of step k (1-based) is ``lr · min(1, k / warmup_steps)``, then decays
     to ``min_lr`` over ``lr_decay_steps`` with ``lr_decay_style`` (``constant``: no decay).
-    ``temperature`` must be the sampling temperature of the rollouts.
+    ``temperature`` must be the sampling temperature of the rollouts. ``attention`` is
+    ``sdpa`` (PyTorch's fused causal kernel; default) or ``megatron`` (megatron-core's own).
 
     Example:
         >>> TrainerConfig(tp=2).tp
@@ -83,6 +84,7 @@ class TrainerConfig:
     pp: int = 1
     seed: int = 1234
     dtype: str = "float32"
+    attention: str = "sdpa"
     loss: LossConfig = field(default_factory=LossConfig)
 
     def __post_init__(self) -> None:
@@ -104,6 +106,7 @@ class TrainerConfig:
         )
         require(self.tp >= 1 and self.pp >= 1, "trainer.tp/pp", "must be >= 1")
         require_choice(self.dtype, "trainer.dtype", list(DTYPES))
+        require_choice(self.attention, "trainer.attention", ATTENTION_BACKENDS)
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
 
@@ -137,7 +140,7 @@ class Trainer:
         init_rng_tracker(self.config.seed)
         self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
         dtype = DTYPES[self.config.dtype]
-        model = build_gpt_model(self.hf_config, dtype=dtype)
+        model = build_gpt_model(self.hf_config, dtype=dtype, attention=self.config.attention)
         load_hf_weights(model, self.hf_folder)
         if cuda_available():
             model = model.cuda()
