@@ -95,7 +95,7 @@ def test_loads_in_transformers(tiny_model_dir):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(tiny_model_dir)
-    assert config.model_type == "qwen2" and config.tie_word_embeddings
+    assert config.model_type == "qwen2" and not config.tie_word_embeddings
     assert (config.hidden_size, config.num_hidden_layers) == (128, 3)
     assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)

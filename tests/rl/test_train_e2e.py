@@ -59,8 +59,10 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3]
     # The engine's weight version advanced with every step.
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
-    # Same weights, float32 on both sides: trainer and vLLM log-probs agree closely.
-    assert rows[0]["train/train_rollout_logprob_abs_diff"] < 1e-3
+    # Same weights, float32 on both sides: trainer and vLLM log-probs agree closely, on
+    # the first step and after every weight sync (a stale engine tensor shows up here).
+    assert rows[0]["train/train_rollout_logprob_abs_diff"] < 1e-5
+    assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in rows)
     assert all(r["rollout/error"] == 0 for r in rows)
     assert (first.run_dir / "checkpoints" / "step_000002" / "state.json").exists()
 

