@@ -296,6 +296,16 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     return merged
 
 
+def model_is_tied(state: dict[str, torch.Tensor]) -> bool:
+    """True when an HF state dict has an embedding but no separate ``lm_head``.
+
+    Example:
+        >>> model_is_tied({"model.embed_tokens.weight": None})
+        True
+    """
+    return "model.embed_tokens.weight" in state and "lm_head.weight" not in state
+
+
 def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path | None:
     """Write the model as an HF checkpoint shaped like the checkpoint folder ``like``.
 
@@ -316,6 +326,9 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118
                 dtypes[key] = f.get_slice(key).get_dtype()
+    if "lm_head.weight" in dtypes and model_is_tied(state):
+        # Some tied checkpoints also store lm_head: write it back as a copy of the embedding.
+        state["lm_head.weight"] = state["model.embed_tokens.weight"].clone()
     if set(dtypes) != set(state):
         raise TrainerError(
             f"export to {out}: tensors differ from {like}: missing "
