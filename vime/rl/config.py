@@ -4,6 +4,9 @@ Groups (pick one option with ``group=option``):
 
 - ``env``: ``math`` (default), ``tools``, ``swe`` — which environment and its tasks.
 - ``model``: ``tiny`` (default: the locally built tiny model plus a warm start).
+- ``trainer``: ``grpo`` (default), ``dr_grpo``, ``gspo`` — the policy objective.
+- ``engine``: ``cpu`` (default, float32), ``gpu`` (CUDA, bfloat16).
+- ``rollout``: ``sync`` (default, on-policy), ``async`` (step n+1 collects while n trains).
 
 Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
 ``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
@@ -33,7 +36,7 @@ from vime.trainer.losses import LossConfig
 from vime.trainer.step import TrainerConfig
 from vime.types import SamplingParams
 
-GROUPS = ("env", "model")
+GROUPS = ("env", "model", "trainer", "engine", "rollout")
 MODES = ("sync", "async")
 SYNC_METHODS = ("disk",)
 
@@ -125,7 +128,14 @@ class TrainConfig:
     """Everything one ``vime-agent train`` run uses (saved as the run's config.yaml)."""
 
     defaults: list[Any] = field(
-        default_factory=lambda: ["_self_", {"env": "math"}, {"model": "tiny"}]
+        default_factory=lambda: [
+            "_self_",
+            {"env": "math"},
+            {"model": "tiny"},
+            {"trainer": "grpo"},
+            {"engine": "cpu"},
+            {"rollout": "sync"},
+        ]
     )
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -186,12 +196,46 @@ def _swe_preset() -> dict[str, Any]:
     }
 
 
+def _trainer_presets() -> dict[str, dict[str, Any]]:
+    return {
+        # PPO-clip on token-level ratios, token-mean, TIS against the rollout log-probs.
+        "grpo": {},
+        # Dr.GRPO: no std normalisation and a constant token-sum denominator (no length bias).
+        "dr_grpo": {
+            "trainer": {"loss": {"aggregation": "token-sum", "token_sum_denominator": 128.0}},
+            "rollout": {"normalize_std": False},
+        },
+        # GSPO: one length-normalised ratio per sequence, clipped per sequence.
+        "gspo": {"trainer": {"loss": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}}},
+    }
+
+
+def _engine_presets() -> dict[str, dict[str, Any]]:
+    return {
+        "cpu": {},  # float32: trainer and engine log-probs agree to ~1e-7
+        "gpu": {"engine": {"device": "cuda", "dtype": "bfloat16", "gpu_memory_utilization": 0.5}},
+    }
+
+
+def _rollout_presets() -> dict[str, dict[str, Any]]:
+    return {
+        "sync": {},
+        "async": {"rollout": {"mode": "async", "max_staleness": 1}},
+    }
+
+
 def _tiny_model() -> ModelConfig:
     return ModelConfig(path="", warm_start_steps=400)
 
 
 ENV_PRESETS = {"math": _math_preset, "tools": _tools_preset, "swe": _swe_preset}
 MODEL_PRESETS = {"tiny": _tiny_model}
+# Groups whose options only adjust fields (stored in the global package).
+OPTION_GROUPS: dict[str, tuple[dict[str, dict[str, Any]], str]] = {
+    "trainer": (_trainer_presets(), "grpo"),
+    "engine": (_engine_presets(), "cpu"),
+    "rollout": (_rollout_presets(), "sync"),
+}
 
 # The tiny model's policy defaults (used when model=tiny): the measured recipe from
 # ENVIRONMENT.md (AdamW 3e-4, 5 warmup steps, clip 1.0, 64 prompts × 8 samples at T=1).
@@ -214,6 +258,9 @@ def _store() -> None:
         cs.store(group="env", name=name, node=preset(), package="_global_")
     for name, model in MODEL_PRESETS.items():
         cs.store(group="model", name=name, node=model())
+    for group, (options, _) in OPTION_GROUPS.items():
+        for name, node in options.items():
+            cs.store(group=group, name=name, node=node, package="_global_")
 
 
 def load_config(overrides: list[str]) -> TrainConfig:
@@ -262,6 +309,7 @@ def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
     if m_group:
         group, option = m_group.groups()
         presets: dict[str, dict[str, Any]] = {"env": ENV_PRESETS, "model": MODEL_PRESETS}
+        presets.update({g: opts for g, (opts, _) in OPTION_GROUPS.items()})
         options = presets.get(group, {})
         return ConfigError(
             f"{group}={option}: no such option; choose one of {sorted(options)}", key=group
@@ -283,8 +331,10 @@ def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
 def describe() -> str:
     """The ``--help`` text: groups with their options, then every key with its default."""
     lines = ["Config groups (group=option):"]
-    lines.append(f"  env:   {', '.join(ENV_PRESETS)} (default math)")
-    lines.append(f"  model: {', '.join(MODEL_PRESETS)} (default tiny)")
+    lines.append(f"  env:     {', '.join(ENV_PRESETS)} (default math)")
+    lines.append(f"  model:   {', '.join(MODEL_PRESETS)} (default tiny)")
+    for group, (options, default) in OPTION_GROUPS.items():
+        lines.append(f"  {group + ':':<8} {', '.join(options)} (default {default})")
     lines.append("")
     lines.append("Keys (key=value), with defaults for env=math model=tiny:")
     cfg = load_config([])

@@ -1,0 +1,73 @@
+"""The train config: groups, overrides, and errors that name the key and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+from vime.errors import ConfigError
+from vime.rl.config import describe, load_config
+
+
+def test_defaults_are_the_embedded_math_run():
+    cfg = load_config([])
+    assert cfg.env.id == "vime/Math-v0"
+    assert cfg.model.path == "" and cfg.model.warm_start_steps > 0  # the tiny local model
+    assert cfg.rollout.mode == "sync" and cfg.engine.dtype == "float32"
+    assert cfg.trainer.temperature == cfg.rollout.collector.sampling.temperature
+
+
+@pytest.mark.parametrize(
+    ("overrides", "check"),
+    [
+        (["env=tools"], lambda c: c.env.id == "vime/Tools-v0" and c.engine.max_model_len == 2048),
+        (["env=swe"], lambda c: c.env.id == "vime/SWE-v0" and c.rollout.collector.max_turns == 8),
+        (["trainer=gspo"], lambda c: c.trainer.loss.policy_loss == "gspo"),
+        (
+            ["trainer=dr_grpo"],
+            lambda c: c.trainer.loss.aggregation == "token-sum" and not c.rollout.normalize_std,
+        ),
+        (["rollout=async"], lambda c: c.rollout.mode == "async"),
+        (["engine=gpu"], lambda c: c.engine.device == "cuda" and c.engine.dtype == "bfloat16"),
+        (
+            ["env=tools", "rollout.collector.max_turns=2"],
+            lambda c: c.rollout.collector.max_turns == 2,
+        ),
+        (
+            ["trainer.loss.eps_high=0.3", "steps=7"],
+            lambda c: c.trainer.loss.eps_high == 0.3 and c.steps == 7,
+        ),
+    ],
+)
+def test_groups_and_overrides(overrides, check):
+    assert check(load_config(overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "words"),
+    [
+        (["trainer.lrr=1"], "trainer.lrr", ["trainer.lr"]),
+        (["stepz=3"], "stepz", ["steps"]),
+        (["steps=abc"], "steps", ["Integer"]),
+        (["steps=0"], "steps", [">= 1"]),
+        (["env=foo"], "env", ["math", "tools", "swe"]),
+        (["rollout.mode=fast"], "rollout.mode", ["sync", "async"]),
+        (
+            ["trainer.temperature=0.5"],
+            "trainer.temperature",
+            ["rollout.collector.sampling.temperature"],
+        ),
+    ],
+)
+def test_bad_config_names_the_key(overrides, key, words):
+    with pytest.raises(ConfigError) as err:
+        load_config(overrides)
+    assert err.value.key == key
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_help_lists_groups_and_keys():
+    text = describe()
+    for group in ("env:", "model:", "trainer:", "engine:", "rollout:"):
+        assert group in text
+    assert "trainer.lr = " in text and "rollout.collector.n_samples = " in text

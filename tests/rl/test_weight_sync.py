@@ -1,0 +1,67 @@
+"""DiskWeightSync: export once, load into every engine, retry, then stop with a clear error.
+
+The engines here are stand-ins (a real engine is tested end to end in test_train_e2e.py);
+they fail on purpose, which a real vLLM server cannot be made to do on cue.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vime.errors import EngineError, WeightSyncError
+from vime.rl.weight_sync import DiskWeightSync
+
+
+class Exporter:
+    def export_hf(self, folder):
+        Path(folder).mkdir(parents=True)
+        (Path(folder) / "model.safetensors").write_bytes(b"weights")
+        return Path(folder)
+
+
+class FlakyEngine:
+    def __init__(self, failures: int, url: str = "http://engine:1") -> None:
+        self.failures = failures
+        self.url = url
+        self.loaded: list[tuple[Path, int]] = []
+        self.version: str | None = None
+
+    def update_weights_from_disk(self, path, version):
+        if self.failures > 0:
+            self.failures -= 1
+            raise EngineError("503 Service Unavailable")
+        self.loaded.append((Path(path), version))
+        self.version = str(version)
+
+    def get_weight_version(self):
+        return self.version
+
+
+def test_sync_loads_every_engine_and_keeps_the_newest_export(tmp_path):
+    engines = [FlakyEngine(0, "http://a:1"), FlakyEngine(1, "http://b:1")]
+    sync = DiskWeightSync(Exporter(), engines, tmp_path / "weights", attempts=3)
+    sync.sync(1)
+    sync.sync(2)
+    assert [v for _, v in engines[0].loaded] == [1, 2]
+    assert [v for _, v in engines[1].loaded] == [1, 2]  # one failure was retried
+    assert sorted(p.name for p in (tmp_path / "weights").iterdir()) == ["v000002"]
+
+
+def test_sync_stops_the_run_after_retries(tmp_path):
+    sync = DiskWeightSync(Exporter(), [FlakyEngine(5)], tmp_path / "weights", attempts=2)
+    with pytest.raises(WeightSyncError) as err:
+        sync.sync(3)
+    message = str(err.value)
+    assert "http://engine:1" in message and "2 attempts" in message and "resume=" in message
+
+
+def test_sync_detects_an_engine_that_reports_another_version(tmp_path):
+    class Stale(FlakyEngine):
+        def get_weight_version(self):
+            return "0"
+
+    sync = DiskWeightSync(Exporter(), [Stale(0)], tmp_path / "weights", attempts=1)
+    with pytest.raises(WeightSyncError, match="reports weight version 0"):
+        sync.sync(4)
