@@ -49,12 +49,14 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     init_distributed(tp=2)
     init_rng_tracker(0)
     for family, folder in checkpoints.items():
-        hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        device = "cuda" if torch.cuda.is_available() else "cpu"  # the test also runs on GPUs
+        hf: Any = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+        hf.to(device)
         model = build_gpt_model(hf.config)
         load_hf_weights(model, folder)
-        ids = torch.randint(
-            0, hf.config.vocab_size, (2, 19), generator=torch.Generator().manual_seed(5)
-        )
+        model.to(device)
+        generator = torch.Generator().manual_seed(5)
+        ids = torch.randint(0, hf.config.vocab_size, (2, 19), generator=generator).to(device)
         with torch.no_grad():
             ref = hf(ids).logits
         found["logit_diff"][family] = (gathered_logits(model, ids) - ref).abs().max().item()
