@@ -26,7 +26,7 @@ answers() { [ -S "$sock" ] && curl -sf --max-time 2 --unix-socket "$sock" http:/
 
 case "${1:-start}" in
   start)
-    if answers; then echo "$DOCKER_HOST"; exit 0; fi
+    if answers; then echo "$DOCKER_HOST" | tee "$run/host"; exit 0; fi
     if ! command -v dockerd >/dev/null; then
       echo "dockerd.sh: dockerd is not installed; run scripts/setup.sh (it installs Debian's docker.io)" >&2
       exit 1
@@ -41,7 +41,8 @@ case "${1:-start}" in
       --pidfile "$run/docker.pid" --storage-driver overlay2 \
       >"$run/dockerd.log" 2>&1 </dev/null &
     for _ in $(seq 1 120); do
-      if answers; then echo "$DOCKER_HOST"; exit 0; fi
+      # vime reads this file when DOCKER_HOST is not set (vime.sandbox.client.default_host).
+      if answers; then echo "$DOCKER_HOST" | tee "$run/host"; exit 0; fi
       sleep 0.5
     done
     echo "dockerd.sh: dockerd did not answer on $sock within 60 s; last log lines:" >&2

@@ -26,13 +26,22 @@ _lock = threading.Lock()
 
 
 def default_host() -> str:
-    """The DOCKER_HOST in effect (``$DOCKER_HOST`` or docker's default socket).
+    """The DOCKER_HOST in effect: ``$DOCKER_HOST``, else the project's own dockerd (the
+    address ``scripts/dockerd.sh start`` recorded), else docker's default socket.
 
     Example:
         >>> default_host().startswith(("unix://", "tcp://", "ssh://", "npipe://"))
         True
     """
-    return os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if os.environ.get("DOCKER_HOST"):
+        return os.environ["DOCKER_HOST"]
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    recorded = Path(os.environ.get("VIME_RUN_DIR", root / ".run")) / "docker" / "host"
+    if recorded.exists():
+        return recorded.read_text().strip()
+    return "unix:///var/run/docker.sock"
 
 
 def docker_client(host: str | None = None):
