@@ -178,3 +178,49 @@ def test_config_is_validated() -> None:
         PolicyClientConfig(urls=[])
     with pytest.raises(ConfigError, match="http://"):
         PolicyClientConfig(urls=["localhost:8000"])
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "direct"])
+def test_transports_map_errors_alike(transport: str) -> None:
+    """Both aiohttp paths against a real local HTTP server scripted to fail, then succeed."""
+    from aiohttp import web
+
+    script = [
+        (503, {"error": {"message": "busy"}}),
+        (200, completion([4, 2])),
+        (400, {"error": {"message": "This model's maximum context length is 8 tokens"}}),
+        (500, {"error": {"message": "boom"}}),
+        (500, {"error": {"message": "boom"}}),
+    ]
+    seen: list[dict] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        seen.append(await request.json())
+        status, body = script[len(seen) - 1]
+        return web.json_response(body, status=status)
+
+    async def run() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/completions", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        client = PolicyClient.from_urls(
+            url, model="m", http_transport=transport, max_attempts=2, backoff_initial_s=0.001
+        )
+        try:
+            out = await client.generate([1, 2], SamplingParams(), session="a")
+            assert (out.token_ids, out.attempts) == ([4, 2], 2)
+            with pytest.raises(ContextLengthError, match="maximum context length"):
+                await client.generate([1] * 9, SamplingParams(), session="a")
+            with pytest.raises(EngineUnavailableError, match="HTTP 500 after 2 attempts: boom"):
+                await client.generate([1], SamplingParams(), session="a")
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    asyncio.run(run())
+    assert len(seen) == 5 and seen[0]["prompt"] == [1, 2] and seen[0]["return_token_ids"] is True

@@ -62,7 +62,8 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         self._session: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _get_session(self) -> Any:
+    def session(self) -> Any:
+        """This event loop's aiohttp session (created on first use)."""
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             # A session belongs to one event loop; a new asyncio.run() needs a new one.
@@ -76,7 +77,7 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         return self._session
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        session = self._get_session()
+        session = self.session()
         t = request.extensions.get("timeout") or {}
         timeout = aiohttp.ClientTimeout(
             total=None, sock_connect=t.get("connect"), sock_read=t.get("read")
