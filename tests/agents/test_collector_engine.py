@@ -332,3 +332,35 @@ def test_killed_collection_loses_and_duplicates_nothing(
     for ep in stored:  # intact, trainable records
         assert len(ep.tokens) == len(ep.loss_mask) == len(ep.rollout_logprobs) > ep.prompt_len
     assert buf.append(stored, step=0) == 0
+
+
+def test_closing_the_stream_early_closes_every_env(vllm_server, tok) -> None:
+    created: list[ToolTurnsEnv] = []
+
+    def factory() -> ToolTurnsEnv:
+        created.append(ToolTurnsEnv())
+        return created[-1]
+
+    async def run() -> None:
+        client = PolicyClient.from_urls(vllm_server.url)
+        collector = Collector(
+            client,
+            tok,
+            CollectorConfig(
+                progress=False,
+                concurrency=4,
+                max_turns=3,
+                sampling=SamplingParams(max_tokens=8),
+                truncate_on_max_tokens=False,
+            ),
+        )
+        stream = collector.stream([{"id": f"t{i}"} for i in range(8)], factory)
+        async for _ in stream:
+            break
+        await stream.aclose()  # what `break` + garbage collection do, made deterministic
+        await asyncio.sleep(0.5)
+        await client.aclose()
+        collector.close()
+
+    asyncio.run(run())
+    assert created and all(env.closed for env in created)
