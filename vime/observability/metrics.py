@@ -86,7 +86,16 @@ def plot_curves(
     fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.6 * len(present)), squeeze=False)
     for ax, key in zip(axes[:, 0], present, strict=True):
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3)
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        ax.plot(xs, ys, marker="o", markersize=3, alpha=0.5 if len(pts) > 10 else 1.0)
+        if len(pts) > 10:  # per-step values are noisy: draw the trend over 5 steps on top
+            w = 5
+            trend = [
+                sum(ys[max(0, i - w + 1) : i + 1]) / len(ys[max(0, i - w + 1) : i + 1])
+                for i in range(len(ys))
+            ]
+            ax.plot(xs, trend, linewidth=2, label=f"mean of last {w}")
+            ax.legend(loc="lower right")
         ax.set_ylabel(key)
         ax.grid(alpha=0.3)
     axes[-1, 0].set_xlabel("step")

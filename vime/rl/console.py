@@ -46,5 +46,10 @@ class StepConsole:
             f"{row.get('time/sync_s', 0.0):5.2f}s  {diff_text}  v{row.get('weight_version', '?')}"
         )
 
+    def baseline(self, row: dict[str, Any]) -> None:
+        self.console.print(
+            f"step 0: eval reward {row.get('eval/reward', float('nan')):.3f} (before training)"
+        )
+
     def done(self) -> None:
         self.console.print("[bold green]done[/]")

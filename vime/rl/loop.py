@@ -91,6 +91,10 @@ def train(cfg: TrainConfig) -> TrainResult:
         runner = _Rollouts(cfg, collector, buffer, tasks, policy, server, sync)
         cleanup.callback(runner.close)
 
+        if start == 0 and cfg.eval_every and eval_tasks:  # the baseline the curve starts from
+            baseline = runner.run(evaluate(policy, model_dir, cfg, eval_tasks))
+            metrics_log.write(0, baseline)
+            console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             episodes, rollout_stats = runner.episodes_for(step, version)
