@@ -17,7 +17,7 @@ from vime.sandbox import (
 )
 from vime.sandbox.cli import gc, main
 from vime.sandbox.client import docker_client
-from vime.sandbox.images import apt_mirror, base_image_tag, cache_dir
+from vime.sandbox.images import apt_mirror, base_image_tag
 
 pytestmark = pytest.mark.docker
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,9 +29,9 @@ def test_dockerd_script_base_image_and_print_1(docker_host, base_image, test_run
         ["bash", str(ROOT / "scripts" / "dockerd.sh"), "status"], capture_output=True, text=True
     )
     assert status.returncode == 0 and docker_host in status.stdout
-    # ... the base image is content-tagged and its rootfs tarball cached ...
+    # ... the base image is content-tagged (its rootfs tarball is cached only where this
+    # checkout debootstrapped it: a daemon may already hold the tag) ...
     assert base_image == base_image_tag() and base_image.startswith("vime/base:")
-    assert list(cache_dir().glob("rootfs-*.tar"))
     t0 = time.monotonic()
     assert build_base_image(host=docker_host) == base_image  # a second build is a no-op
     assert time.monotonic() - t0 < 2.0
