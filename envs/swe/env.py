@@ -220,16 +220,6 @@ class SWEEnv(Env):
     def _remaining(self) -> float:
         return self.config.max_episode_seconds - (time.monotonic() - self._started)
 
-    @property
-    def turn_limit(self) -> int:
-        """``config.max_turns``, or the ``max_turns`` given to ``vime.make`` if smaller.
-
-        The env must know the wrapper's limit so the last turn can end the episode itself
-        (release the sandbox, and for SWE grade the diff).
-        """
-        steps = getattr(self.spec, "max_episode_steps", None) if self.spec is not None else None
-        return min(self.config.max_turns, steps) if steps else self.config.max_turns
-
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Run the turn's tool calls; grade on ``submit()`` or when a limit truncates the episode."""
         self._turn += 1
@@ -255,7 +245,7 @@ class SWEEnv(Env):
         if submitted:
             return self._end(messages, truncated_by="")
         for limit, hit in (
-            ("max_turns", self._turn >= self.turn_limit),
+            ("max_turns", self._turn >= self.turn_limit(self.config.max_turns)),
             ("wall_time", self._remaining() <= 0),
             ("output_size", self._output_chars > self.config.max_total_output_chars),
         ):

@@ -212,16 +212,6 @@ class ToolsEnv(Env):
         }
         return messages, float(correct), True, False, info
 
-    @property
-    def turn_limit(self) -> int:
-        """``config.max_turns``, or the ``max_turns`` given to ``vime.make`` if smaller.
-
-        The env must know the wrapper's limit so the last turn can end the episode itself
-        (release the sandbox, and for SWE grade the diff).
-        """
-        steps = getattr(self.spec, "max_episode_steps", None) if self.spec is not None else None
-        return min(self.config.max_turns, steps) if steps else self.config.max_turns
-
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Run the turn's tool calls; end on submit, on a tool-free answer, or at a limit."""
         self._turn += 1
@@ -252,7 +242,7 @@ class ToolsEnv(Env):
             # After the tool results: those answer the assistant's well-formed calls directly.
             messages.append(parse_error_message(list(action.parse_errors)))
         info: dict[str, Any] = {"task_id": str(self.task["id"])}
-        if self._turn >= self.turn_limit:
+        if self._turn >= self.turn_limit(self.config.max_turns):
             info["truncated_by"] = "max_turns"
         elif time.monotonic() - self._started > self.config.max_episode_seconds:
             info["truncated_by"] = "wall_time"
