@@ -71,6 +71,16 @@ def arithmetic_task(rng: np.random.Generator, level: str = DEFAULT_LEVEL) -> Tas
     }
 
 
+def demonstration(task: Task) -> str:
+    """The reference completion for a task: its answer in ``\\boxed{}`` (for warm starts).
+
+    Example:
+        >>> demonstration({"id": "t", "question": "What is 1+1?", "answer": "2"})
+        '\\boxed{2}'
+    """
+    return "\\boxed{" + str(task["answer"]) + "}"
+
+
 def arithmetic_suite(
     n: int = 4096, *, seed: int = 0, levels: Sequence[str] = tuple(LEVELS)
 ) -> list[Task]:

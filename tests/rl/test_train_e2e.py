@@ -123,3 +123,31 @@ def test_agent_envs_train(shared_engine, docker_host, tmp_path, env):
         # Whatever the tiny model emits, episodes end as completed or truncated, never crash.
         assert r["rollout/error"] == 0 and r["rollout/aborted"] == 0
         assert r["rollout/completed"] + r["rollout/truncated"] == pytest.approx(1.0)
+
+
+def test_user_env_from_the_docs_trains(shared_engine, tmp_path, monkeypatch):
+    """docs/envs.md step 4: `vime-agent train env.id=my_echo:my/Echo-v0 env.tasks.path=...`."""
+    import re
+
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "envs.md").read_text()
+    module = re.search(r"## 1\. The env \(`my_echo\.py`\)\n\n```python\n(.*?)```", docs, re.S)
+    assert module, "docs/envs.md no longer has the my_echo.py example"
+    (tmp_path / "my_echo.py").write_text(module.group(1))
+    tasks = tmp_path / "words.jsonl"
+    tasks.write_text(
+        "".join(f'{{"id": "w{i}", "word": "{w}"}}\n' for i, w in enumerate(["river", "stone"]))
+    )
+    monkeypatch.chdir(tmp_path)  # the docs run the command from the folder of my_echo.py
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = load_config(
+        _overrides(
+            tmp_path,
+            shared_engine.url,
+            "env.id=my_echo:my/Echo-v0",
+            f"env.tasks.path={tasks}",
+            "steps=1",
+        )
+    )
+    rows = train(cfg).metrics
+    assert rows[-1]["weight_version"] == 1
+    assert rows[-1]["rollout/error"] == 0 and rows[-1]["rollout/episodes"] == 16

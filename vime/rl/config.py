@@ -56,8 +56,11 @@ class EnvConfig:
     # Hydra merges dict-valued fields across groups, so the default stays empty and each
     # env preset sets its own arguments.
     builtin_args: dict[str, Any] = field(default_factory=dict)
-    eval_tasks: str = ""  # a .jsonl/.parquet file; "" = bundled tasks with another seed
+    eval_tasks: str = ""  # a .jsonl/.parquet file; "" = the training tasks' source
     eval_size: int = 64
+    # "module:function" giving a task's reference completion (text), used by the
+    # supervised warm start; "" = the env has none (no warm start).
+    demonstrations: str = ""
 
     def __post_init__(self) -> None:
         require(bool(self.id), "env.id", "must name a registered env (vime-agent envs lists them)")
@@ -168,7 +171,12 @@ class TrainConfig:
 
 def _math_preset() -> dict[str, Any]:
     # 2-digit addition: the task the tiny model was measured to learn (ENVIRONMENT.md).
-    return {"env": EnvConfig(builtin_args={"n": 4096, "levels": ["add2"]})}
+    return {
+        "env": EnvConfig(
+            builtin_args={"n": 4096, "levels": ["add2"]},
+            demonstrations="envs.math.data:demonstration",
+        )
+    }
 
 
 def _tools_preset() -> dict[str, Any]:

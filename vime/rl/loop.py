@@ -310,6 +310,13 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
     base = build_tiny_model()
     if cfg.model.warm_start_steps == 0:
         return base
+    if not cfg.env.demonstrations:
+        log.warning(
+            "%s has no demonstrations (env.demonstrations): no warm start; RL starts from the "
+            "random tiny model",
+            cfg.env.id,
+        )
+        return base
     cache = Path(os.environ.get("VIME_CACHE_DIR", PROJECT_ROOT / ".cache")) / "models"
     return warm_start(base, cfg.model, cfg.env, cache)
 
@@ -339,16 +346,15 @@ def load_train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
 
 
 def load_eval_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """``env.eval_size`` tasks from ``env.eval_tasks``, else from the training source
+    (bundled generators are drawn with another seed: held-out tasks)."""
     from vime.rl.tasks import builtin_tasks
 
     if cfg.env.eval_size == 0:
         return []
-    # Another seed than training: held-out tasks for the bundled generators.
+    path = cfg.env.eval_tasks or cfg.env.tasks.path
     tasks = builtin_tasks(
-        cfg.env.builtin_tasks,
-        cfg.env.builtin_args,
-        cfg.env.eval_tasks,
-        seed=cfg.env.tasks.seed + 1_000_003,
+        cfg.env.builtin_tasks, cfg.env.builtin_args, path, seed=cfg.env.tasks.seed + 1_000_003
     )
     return tasks[: cfg.env.eval_size]
 

@@ -2,7 +2,8 @@
 
 A randomly initialised tiny model never produces a correct ``\\boxed{}`` answer, so RL
 would have no reward to climb. The warm start teaches the answer format (and some
-arithmetic) first; RL then has a non-zero starting reward. It is plain policy gradient
+arithmetic) first; RL then has a non-zero starting reward. The env says what a good
+completion is through ``env.demonstrations`` (``"module:function"``, task → text). It is plain policy gradient
 with advantage 1 on the demonstration tokens (PPO ratio 1, no TIS): exactly the SFT
 gradient, through the same Megatron trainer that RL uses.
 
@@ -34,16 +35,6 @@ RECIPE_VERSION = 1
 WARMUP_STEPS = 30  # measured: without warmup the first Adam steps undo the start
 
 
-def math_demonstration(task: dict[str, Any]) -> str:
-    """The target completion for a math task: its answer in ``\\boxed{}``.
-
-    Example:
-        >>> math_demonstration({"answer": "95"})
-        '\\\\boxed{95}'
-    """
-    return "\\boxed{" + str(task["answer"]) + "}"
-
-
 def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
     """Content hash of everything that determines the warm-started weights."""
     digest = hashlib.sha256()
@@ -58,6 +49,7 @@ def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
             "env": env.id,
             "env_kwargs": env.kwargs,
             "tasks": [env.builtin_tasks, env.builtin_args, env.tasks.path],
+            "demonstrations": env.demonstrations,
             "steps": model.warm_start_steps,
             "batch": model.warm_start_batch,
             "lr": model.warm_start_lr,
@@ -84,6 +76,7 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
         "tasks": env.builtin_tasks,
         "tasks_args": env.builtin_args,
         "tasks_path": env.tasks.path,
+        "demonstrations": env.demonstrations,
     }
     env_vars = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     proc = subprocess.run(
@@ -119,6 +112,7 @@ def _run(spec: dict[str, Any]) -> None:
 
     quiet_library_warnings()
     model = ModelConfig(**spec["model"])
+    demonstration = _load_function(spec["demonstrations"])
     tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     tasks = builtin_tasks(
         spec["tasks"], spec["tasks_args"], spec["tasks_path"], seed=model.warm_start_seed + 7919
@@ -130,7 +124,7 @@ def _run(spec: dict[str, Any]) -> None:
         # The prompt is rendered exactly as the collector renders it.
         chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=spec["env_id"])
         prompt = chat.tokens
-        answer = [*chat.encode(math_demonstration(task)), tokenizer.eos_token_id]
+        answer = [*chat.encode(demonstration(task)), tokenizer.eos_token_id]
         tokens = prompt + answer
         mask = [0] * len(prompt) + [1] * len(answer)
         samples.append(
@@ -161,6 +155,13 @@ def _run(spec: dict[str, Any]) -> None:
             nll = metrics["train_rollout_logprob_abs_diff"]
             bar.update(job, advance=1, description=f"warm start (SFT) nll {nll:.3f}")
     trainer.export_hf(spec["out"])
+
+
+def _load_function(target: str) -> Any:
+    import importlib
+
+    module_name, _, name = target.partition(":")
+    return getattr(importlib.import_module(module_name), name)
 
 
 if __name__ == "__main__":
