@@ -19,7 +19,7 @@ fi
 stamp="$venv/.vime-installed"
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  say "installing Python packages (first time: ~3 min)"
+  say "installing Python packages (first time: ~5 min)"
   extra=cpu
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
   # pip's own chatter goes to a log; on failure its tail is shown.

@@ -72,7 +72,7 @@ def arithmetic_task(rng: np.random.Generator, level: str = DEFAULT_LEVEL) -> Tas
 
 
 def demonstration(task: Task) -> str:
-    """The reference completion for a task: its answer in ``\\boxed{}`` (for warm starts).
+    r"""The reference completion for a task: its answer in ``\boxed{}`` (for warm starts).
 
     Example:
         >>> demonstration({"id": "t", "question": "What is 1+1?", "answer": "2"})
