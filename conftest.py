@@ -59,3 +59,35 @@ def docker_host() -> str:
     host = out.stdout.strip().splitlines()[-1]
     os.environ["DOCKER_HOST"] = host
     return host
+
+
+@pytest.fixture
+def run_then_sigkill():
+    """Run Python ``code`` in a child that prints one acknowledged id per token of output;
+    SIGKILL it once ``acks`` ids were read (or ``timeout_s`` passed). Returns every id it
+    acknowledged, including those already in the pipe when it died."""
+    import signal
+    import sys
+    import time
+
+    def run(code: str, *, acks: int, timeout_s: float) -> list[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", code],
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+        )
+        assert proc.stdout is not None
+        acked: list[str] = []
+        deadline = time.monotonic() + timeout_s
+        while len(acked) < acks and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            if not line:
+                break
+            acked.extend(line.split())
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        acked.extend((proc.stdout.read() or "").split())
+        return acked
+
+    return run

@@ -3,12 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -127,27 +122,11 @@ WRITER = textwrap.dedent(
 )
 
 
-def test_survives_kill_9_without_loss_or_duplication(tmp_path: Path) -> None:
+def test_survives_kill_9_without_loss_or_duplication(tmp_path: Path, run_then_sigkill) -> None:
     """SIGKILL a writer mid-stream: every acknowledged episode is there once, nothing else."""
     run = tmp_path / "run"
     code = WRITER.format(tests=str(Path(__file__).parent), run=str(run))
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    acked: list[str] = []
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60
-    while len(acked) < 160 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        acked.extend(line.split())
-    os.kill(proc.pid, signal.SIGKILL)  # most likely inside the next append
-    proc.wait()
-    acked.extend((proc.stdout.read() or "").split())  # acks already in the pipe count too
+    acked = run_then_sigkill(code, acks=160, timeout_s=60)  # most likely inside an append
     assert len(acked) >= 160, "the writer did not get far enough"
 
     buf = DataBuffer(run)

@@ -7,12 +7,7 @@ calls, some of them malformed, or a final answer: the sampling is still the real
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -296,7 +291,7 @@ KILLED_COLLECTOR = textwrap.dedent(
 
 
 def test_killed_collection_loses_and_duplicates_nothing(
-    vllm_server, tiny_model_dir, tmp_path
+    vllm_server, tiny_model_dir, tmp_path, run_then_sigkill
 ) -> None:
     run = tmp_path / "run"
     code = KILLED_COLLECTOR.format(
@@ -306,23 +301,7 @@ def test_killed_collection_loses_and_duplicates_nothing(
         url=vllm_server.url,
         model=str(tiny_model_dir),
     )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
-    acked: list[str] = []
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 120
-    while len(acked) < 24 and time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        if not line:
-            break
-        acked.append(line.strip())
-    os.kill(proc.pid, signal.SIGKILL)  # mid-collection: 8 episodes in flight
-    proc.wait()
-    acked += (proc.stdout.read() or "").split()
+    acked = run_then_sigkill(code, acks=24, timeout_s=120)  # mid-collection: 8 in flight
     assert len(acked) >= 24, "the collector did not get far enough"
     buf = DataBuffer(run)
     stored = buf.read_step(0)
