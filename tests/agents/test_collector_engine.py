@@ -216,8 +216,9 @@ def test_failures_become_episodes_not_crashes(vllm_server, tok) -> None:
 
 
 def test_limits_truncate_visibly(vllm_server, tok) -> None:
-    free = SamplingParams(max_tokens=6)  # the random model never says <|im_end|> this soon
-    eps, _ = collect(vllm_server.url, tok, ToolTurnsEnv, tasks=TASKS[:1], sampling=free)
+    # The random model seldom ends a turn this soon; seeded, so never "answer" by chance
+    free = SamplingParams(max_tokens=6)
+    eps, _ = collect(vllm_server.url, tok, ToolTurnsEnv, tasks=TASKS[:1], sampling=free, seed=0)
     assert (eps[0].status, eps[0].reason) == (EpisodeStatus.TRUNCATED, "max_tokens")
     assert eps[0].turns[0].finish_reason == "length"
     eps, _ = collect(
@@ -226,6 +227,7 @@ def test_limits_truncate_visibly(vllm_server, tok) -> None:
         ToolTurnsEnv,
         tasks=TASKS[:1],
         sampling=free,
+        seed=0,
         truncate_on_max_tokens=False,
         max_turns=2,
     )
@@ -238,6 +240,7 @@ def test_limits_truncate_visibly(vllm_server, tok) -> None:
         ToolTurnsEnv,
         tasks=TASKS[:1],
         sampling=free,
+        seed=0,
         truncate_on_max_tokens=False,
         max_model_len=prompt_len + 10,
     )

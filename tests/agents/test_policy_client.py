@@ -2,7 +2,9 @@
 
 The happy path runs against the real vLLM server in test_collector_engine.py. Status codes
 a real server cannot be made to return on demand (503, 500) come from an in-process HTTP
-handler (httpx MockTransport) behind the real openai SDK client.
+handler (httpx MockTransport) behind the real openai SDK client, so these tests use the
+SDK transport (``http_transport="aiohttp"``); the default ``direct`` transport maps the
+same failures alike (test_transports_map_errors_alike, against a real HTTP server).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
         seen.append(json.loads(request.content))
         return handler(len(seen))
 
+    config.setdefault("http_transport", "aiohttp")  # the SDK path: MockTransport sits under it
     client = PolicyClient(
         PolicyClientConfig(
             urls=[URL],
@@ -224,3 +227,55 @@ def test_transports_map_errors_alike(transport: str) -> None:
 
     asyncio.run(run())
     assert len(seen) == 5 and seen[0]["prompt"] == [1, 2] and seen[0]["return_token_ids"] is True
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "direct"])
+def test_connection_dropped_under_a_request_is_resent_at_once(transport: str) -> None:
+    """A server closing the connection under a request (a keep-alive race) costs no backoff."""
+    import re
+    import time
+
+    requests = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = re.search(rb"content-length: *(\d+)", head, re.I)
+                await reader.readexactly(int(length.group(1)) if length else 0)
+                requests += 1
+                if requests == 1:  # read the request, then hang up without answering
+                    writer.close()
+                    return
+                payload = json.dumps(completion([4, 2])).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(payload)}\r\n\r\n".encode()
+                    + payload
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def run() -> tuple[list[int], int, float]:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PolicyClient.from_urls(
+            f"http://127.0.0.1:{port}",
+            model="m",
+            http_transport=transport,
+            max_attempts=3,
+            backoff_initial_s=5.0,  # a backoff would show in the elapsed time
+        )
+        try:
+            start = time.monotonic()
+            out = await client.generate([1, 2], SamplingParams(), session="a")
+            return out.token_ids, out.attempts, time.monotonic() - start
+        finally:
+            await client.aclose()
+            server.close()
+
+    ids, attempts, elapsed = asyncio.run(run())
+    assert (ids, attempts, requests) == ([4, 2], 2, 2)
+    assert elapsed < 2.0, f"the resend waited {elapsed:.1f} s (the backoff is 5 s)"

@@ -124,6 +124,20 @@ def test_attach_health_checks_and_never_kills(vllm_server):
     assert vllm_server.health()
 
 
+def test_launched_cpu_server_keeps_its_engine_core_out_of_the_way(vllm_server):
+    """The spinning engine core runs under SCHED_IDLE; idle connections stay open 600 s."""
+    if vllm_server.external:
+        pytest.skip("attached server (VIME_TEST_VLLM_URL): vime did not launch it")
+    from vime.engine.server import engine_core_pid
+
+    assert vllm_server.environment()["VLLM_HTTP_TIMEOUT_KEEP_ALIVE"] == "600"
+    pid = engine_core_pid(vllm_server.pid)
+    assert pid > 0
+    threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    assert threads and all(os.sched_getscheduler(t) == os.SCHED_IDLE for t in threads)
+    assert vllm_server.health()
+
+
 def _group_gone(pgid: int) -> bool:
     try:
         os.killpg(pgid, 0)

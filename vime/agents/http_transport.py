@@ -30,6 +30,11 @@ try:  # installed with vLLM; without it the SDK's default httpx transport is use
 except ImportError:  # pragma: no cover - depends on the environment
     aiohttp = None  # type: ignore[assignment]
 
+# Idle connections are dropped after this long: below the 5 s after which vLLM's server
+# (uvicorn) closes them by default, so a request never goes out on a connection the server
+# is closing. (aiohttp's own default, 15 s, races with it.)
+KEEPALIVE_S = 4.0
+
 # Hop-by-hop and length headers: aiohttp computes its own.
 _SKIP = {"host", "content-length", "transfer-encoding", "connection", "keep-alive"}
 
@@ -67,7 +72,11 @@ class AiohttpTransport(httpx2.AsyncBaseTransport):
         loop = asyncio.get_running_loop()
         if self._session is None or self._loop is not loop or self._session.closed:
             # A session belongs to one event loop; a new asyncio.run() needs a new one.
-            connector = aiohttp.TCPConnector(limit=self.limit, limit_per_host=self.limit)
+            connector = aiohttp.TCPConnector(
+                limit=self.limit,
+                limit_per_host=self.limit,
+                keepalive_timeout=KEEPALIVE_S,
+            )
             self._session = aiohttp.ClientSession(
                 connector=connector,
                 auto_decompress=False,  # httpx decodes Content-Encoding itself

