@@ -18,8 +18,8 @@ vime / raw (same options): the median over reps of each rep's own ratio (runs ne
 each other share the machine's load), and the ratio of the medians. Target: >= 0.95 at
 256 concurrent episodes.
 
-With the server launched here (vime's launcher: engine core under SCHED_IDLE on CPU, see
-:func:`vime.engine.server.idle_engine_core`), runs agree to a few percent; an attached
+With the server launched here (vime's launcher: its vLLM plugin keeps vLLM from spinning,
+see :mod:`vime.engine.vllm_plugin`), runs agree to a few percent; an attached
 server launched otherwise may show stalls of seconds on a 2-core host.
 
 Usage::

