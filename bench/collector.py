@@ -5,7 +5,8 @@ load hits all of them alike:
 
 - ``raw``: direct HTTP requests (httpx, no openai SDK, no vime) with exactly the options
   vime sends: token-id prompts, sampled-token log-probs, ``return_token_ids``;
-- ``vime``: single-turn episodes through :class:`vime.agents.Collector` (env reset/step in
+- ``vime``: single-turn episodes through one long-lived :class:`vime.agents.Collector`, as
+  the RL loop keeps one for its run (env reset/step in
   the thread pool, chat template, ChatTokens, tool parsing, Episode building, progress
   bookkeeping) on the same prompts, with the default PolicyClient;
 - ``vime_sdk``: the same with ``PolicyClient(http_transport="aiohttp")`` (every request
@@ -124,14 +125,11 @@ async def run_raw(
         return tokens, time.perf_counter() - start
 
 
-async def run_vime(
-    client: PolicyClient, tokenizer: Any, tasks: list[dict[str, Any]], cfg: CollectorConfig
-) -> tuple[int, float]:
-    collector = Collector(client, tokenizer, cfg)
+async def run_vime(collector: Collector, tasks: list[dict[str, Any]]) -> tuple[int, float]:
+    """One collection on a long-lived collector (as the RL loop keeps one for its run)."""
     start = time.perf_counter()
     episodes = await collector.collect(tasks, OneTurnEnv)
     elapsed = time.perf_counter() - start
-    collector.close()
     bad = [e for e in episodes if not e.trainable]
     if bad:
         raise RuntimeError(f"{len(bad)} episodes failed, e.g. {bad[0].status}: {bad[0].reason}")
@@ -176,16 +174,18 @@ async def bench(url: str, model_dir: str, args: argparse.Namespace) -> None:
     server = ServerCPU(url)
     print(f"warm-up ({args.episodes} episodes)...", flush=True)
     await run_raw(url, bodies, args.concurrency, plain=False)
-    await run_vime(client, tokenizer, tasks, cfg)
-    await run_vime(sdk, tokenizer, tasks, cfg)
+    collectors = {
+        "vime": Collector(client, tokenizer, cfg),
+        "vime_sdk": Collector(sdk, tokenizer, cfg),
+    }
+    for collector in collectors.values():
+        await run_vime(collector, tasks)
     for rep in range(args.reps):
         order = kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]
         for kind in order:
             cpu0, srv0 = time.process_time(), server.seconds()
             if kind.startswith("vime"):
-                n, secs = await run_vime(
-                    sdk if kind == "vime_sdk" else client, tokenizer, tasks, cfg
-                )
+                n, secs = await run_vime(collectors[kind], tasks)
             else:
                 n, secs = await run_raw(url, bodies, args.concurrency, plain=kind == "raw_plain")
             tps[kind].append(n / secs)
@@ -196,6 +196,8 @@ async def bench(url: str, model_dir: str, args: argparse.Namespace) -> None:
                 f"CPU ms/episode: client {client_ms[kind][-1]:.2f}, engine {server_ms[kind][-1]:.2f}",
                 flush=True,
             )
+    for collector in collectors.values():
+        collector.close()
     await client.aclose()
     await sdk.aclose()
 
