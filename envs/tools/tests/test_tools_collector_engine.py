@@ -69,10 +69,15 @@ def test_tools_env_through_collector_with_tiny_model(vllm_server, docker_host):
         max_model_len=2048,
     )
     collector = Collector(PolicyClient.from_urls(vllm_server.url), str(build_tiny_model()), config)
-    try:
-        episodes = asyncio.run(collector.collect(tasks, make_env))
-    finally:
-        collector.close()
+
+    async def run() -> list:
+        try:
+            return await collector.collect(tasks, make_env)
+        finally:
+            await collector.client.aclose()  # its HTTP connections belong to this event loop
+            collector.close()
+
+    episodes = asyncio.run(run())
 
     assert len(episodes) == 12
     statuses = {ep.status for ep in episodes}
