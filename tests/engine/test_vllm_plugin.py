@@ -41,9 +41,8 @@ def test_the_launcher_asks_only_cpu_servers_and_keeps_an_allowlist(monkeypatch):
     from importlib.metadata import entry_points
 
     from vime.engine import EngineConfig, VLLMServer
-    from vime.engine.server import VLLM_PLUGIN_NAME
 
-    assert VLLM_PLUGIN_NAME in {ep.name for ep in entry_points(group="vllm.general_plugins")}
+    assert vllm_plugin.NAME in {ep.name for ep in entry_points(group="vllm.general_plugins")}
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     cpu = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
     assert cpu[vllm_plugin.ENV] == "50" and "VLLM_PLUGINS" not in cpu
@@ -52,4 +51,4 @@ def test_the_launcher_asks_only_cpu_servers_and_keeps_an_allowlist(monkeypatch):
     assert vllm_plugin.ENV not in off
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     allow = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
-    assert allow["VLLM_PLUGINS"] == f"lora_filesystem_resolver,{VLLM_PLUGIN_NAME}"
+    assert allow["VLLM_PLUGINS"] == f"lora_filesystem_resolver,{vllm_plugin.NAME}"

@@ -40,6 +40,7 @@ from typing import Any
 
 import httpx
 
+from vime.engine import vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 
@@ -177,10 +178,6 @@ def _strip_log_prefix(line: str) -> str:
     line = re.sub(r"^\s*\(\w+ pid=\d+\)\s*", "", line)
     line = re.sub(r"^(ERROR|INFO|WARNING|DEBUG)\s+[\d-]+\s+[\d:.]+\s+(\[[^\]]*\]\s*)?", "", line)
     return line.strip()
-
-
-# vime's entry point in the vllm.general_plugins group (pyproject.toml).
-VLLM_PLUGIN_NAME = "vime_cpu_no_spin"
 
 
 class VLLMServer:
@@ -321,14 +318,14 @@ class VLLMServer:
         )
         if c.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
-        env.pop("VIME_VLLM_SPIN_SLEEP_US", None)  # set below, for CPU servers only
+        env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
             if c.spin_sleep_us > 0:  # read by vime.engine.vllm_plugin inside vLLM's processes
-                env["VIME_VLLM_SPIN_SLEEP_US"] = str(c.spin_sleep_us)
+                env[vllm_plugin.ENV] = str(c.spin_sleep_us)
                 allowed = env.get("VLLM_PLUGINS", "")
                 if allowed:  # an allowlist of vLLM plugins: keep vime's on it
-                    env["VLLM_PLUGINS"] = f"{allowed},{VLLM_PLUGIN_NAME}"
+                    env["VLLM_PLUGINS"] = f"{allowed},{vllm_plugin.NAME}"
             if c.omp_threads > 0:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
                 env["OMP_NUM_THREADS"] = str(c.omp_threads)

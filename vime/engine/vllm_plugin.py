@@ -38,6 +38,7 @@ from typing import Any
 log = logging.getLogger("vllm.vime_plugin")
 
 ENV = "VIME_VLLM_SPIN_SLEEP_US"
+NAME = "vime_cpu_no_spin"  # vime's entry point in the vllm.general_plugins group (pyproject)
 
 
 def register() -> bool:
