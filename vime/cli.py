@@ -24,7 +24,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "vime.rl.loop:main",
         "run RL training: vime-agent train env=math|tools|swe [key=value ...]",
     ),
-    "eval": ("vime.evaluate:main", "evaluate a checkpoint on an env suite"),
+    "eval": ("vime.rl.evaluate:main", "evaluate a checkpoint on an env suite"),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
     "serve": (
         "vime.engine.cli:main",

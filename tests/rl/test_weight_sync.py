@@ -65,3 +65,24 @@ def test_sync_detects_an_engine_that_reports_another_version(tmp_path):
     sync = DiskWeightSync(Exporter(), [Stale(0)], tmp_path / "weights", attempts=1)
     with pytest.raises(WeightSyncError, match="reports weight version 0"):
         sync.sync(4)
+
+
+def test_sync_tells_the_policy_client_each_engines_version(tmp_path):
+    from vime.agents.policy_client import PolicyClient
+
+    engines = [FlakyEngine(0, "http://a:1"), FlakyEngine(0, "http://b:1")]
+    policy = PolicyClient.from_urls("http://a:1", "http://b:1")
+    sync = DiskWeightSync(Exporter(), engines, tmp_path / "weights", policy=policy)
+    sync.sync(5)
+    assert [policy.weight_version(e.url) for e in engines] == [5, 5]
+    failing = DiskWeightSync(
+        Exporter(),
+        [engines[0], FlakyEngine(9, "http://b:1")],
+        tmp_path / "w2",
+        attempts=1,
+        policy=policy,
+    )
+    with pytest.raises(WeightSyncError):
+        failing.sync(6)
+    # Only the engine that loaded v6 is recorded at v6: requests are never mislabelled.
+    assert [policy.weight_version(e.url) for e in engines] == [6, 5]

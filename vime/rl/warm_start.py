@@ -18,8 +18,10 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -27,8 +29,18 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from rich.progress import Progress
+from transformers import AutoTokenizer
+
+import vime.envs as envs
+from vime.agents.chat_tokens import ChatTokens
 from vime.errors import TrainerError
 from vime.rl.config import EnvConfig, ModelConfig
+from vime.rl.console import quiet_library_warnings
+from vime.rl.tasks import builtin_tasks
+from vime.trainer.losses import LossConfig
+from vime.trainer.step import Trainer, TrainerConfig
+from vime.types import Sample
 
 # Bump when the recipe below changes (invalidates cached warm starts).
 RECIPE_VERSION = 1
@@ -99,17 +111,6 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
 
 def _run(spec: dict[str, Any]) -> None:
     """The child process: build demonstrations, train, export HF."""
-    from rich.progress import Progress
-    from transformers import AutoTokenizer
-
-    import vime.envs as envs
-    from vime.agents.chat_tokens import ChatTokens
-    from vime.rl.loop import quiet_library_warnings
-    from vime.rl.tasks import builtin_tasks
-    from vime.trainer.losses import LossConfig
-    from vime.trainer.step import Trainer, TrainerConfig
-    from vime.types import Sample
-
     quiet_library_warnings()
     model = ModelConfig(**spec["model"])
     demonstration = _load_function(spec["demonstrations"])
@@ -143,8 +144,6 @@ def _run(spec: dict[str, Any]) -> None:
             loss=LossConfig(tis="none", aggregation="token-mean"),
         ),
     )
-    import random
-
     rng = random.Random(model.warm_start_seed)
     with Progress() as bar:
         job = bar.add_task("warm start (SFT)", total=model.warm_start_steps)
@@ -158,8 +157,6 @@ def _run(spec: dict[str, Any]) -> None:
 
 
 def _load_function(target: str) -> Any:
-    import importlib
-
     module_name, _, name = target.partition(":")
     return getattr(importlib.import_module(module_name), name)
 

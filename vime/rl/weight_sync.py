@@ -45,6 +45,12 @@ class WeightTarget(Protocol):
     def get_weight_version(self) -> str | None: ...
 
 
+class VersionListener(Protocol):
+    """Who routes requests and must know each engine's weight version (``PolicyClient``)."""
+
+    def set_weight_version(self, url: str, version: int) -> None: ...
+
+
 class WeightSync(Protocol):
     """Push the trainer's current weights to every engine as ``version``."""
 
@@ -55,7 +61,12 @@ class DiskWeightSync:
     """Sync through an HF export on disk and each engine's reload endpoint.
 
     ``keep`` older exports are kept (the newest is always kept: an engine restarted
-    later reloads from it).
+    later reloads from it). ``policy`` is told each engine's new version once that
+    engine has loaded it: this is the one place a weight version is set.
+
+    Example (skipped as a doctest: it needs a trainer and a running engine):
+        >>> DiskWeightSync(trainer, [engine], "run/weights", policy=client).sync(1)  # doctest: +SKIP
+        {'sync/export_s': 0.01, 'sync/total_s': 0.05}
     """
 
     def __init__(
@@ -66,8 +77,10 @@ class DiskWeightSync:
         *,
         attempts: int = 3,
         keep: int = 1,
+        policy: VersionListener | None = None,
     ) -> None:
         self.exporter = exporter
+        self.policy = policy
         self.engines = list(engines)
         self.folder = Path(folder)
         self.attempts = attempts
@@ -84,6 +97,8 @@ class DiskWeightSync:
         t_export = time.perf_counter() - t0
         for engine in self.engines:
             self._load(engine, target, version)
+            if self.policy is not None:
+                self.policy.set_weight_version(engine.url, version)
         self.latest = target
         self._prune()
         return {"sync/export_s": t_export, "sync/total_s": time.perf_counter() - t0}

@@ -21,17 +21,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import vime.envs as envs
+from vime.agents.collector import Collector
+from vime.agents.policy_client import PolicyClient
+from vime.engine.serve import serve_engine
 from vime.errors import ConfigError
+from vime.rl.config import TrainConfig, describe, load_config
+from vime.rl.tasks import eval_tasks
 from vime.types import Episode
 
 
 async def evaluate_episodes(
-    policy: Any, model_dir: Path, cfg: Any, tasks: list[dict[str, Any]]
+    policy: PolicyClient, model_dir: Path, cfg: TrainConfig, tasks: list[dict[str, Any]]
 ) -> list[Episode]:
-    """One greedy episode per task through the collector (``cfg`` is a TrainConfig)."""
-    import vime.envs as envs
-    from vime.agents.collector import Collector
+    """One greedy episode per task through the collector.
 
+    Example (skipped as a doctest: it needs a running vLLM server):
+        >>> episodes = await evaluate_episodes(policy, model_dir, cfg, tasks)  # doctest: +SKIP
+    """
     collector_cfg = dataclasses.replace(
         cfg.rollout.collector,
         n_samples=1,
@@ -63,9 +70,14 @@ def summarize(episodes: list[Episode]) -> dict[str, float]:
 
 
 async def evaluate(
-    policy: Any, model_dir: Path, cfg: Any, tasks: list[dict[str, Any]]
+    policy: PolicyClient, model_dir: Path, cfg: TrainConfig, tasks: list[dict[str, Any]]
 ) -> dict[str, float]:
-    """Greedy evaluation on ``tasks``; returns ``eval/*`` metrics (the RL loop calls this)."""
+    """Greedy evaluation on ``tasks``; returns ``eval/*`` metrics (the RL loop calls this).
+
+    Example (skipped as a doctest: it needs a running vLLM server):
+        >>> (await evaluate(policy, model_dir, cfg, tasks))["eval/reward"]  # doctest: +SKIP
+        0.75
+    """
     return summarize(await evaluate_episodes(policy, model_dir, cfg, tasks))
 
 
@@ -88,10 +100,6 @@ def _checkpoint_from(argv: list[str]) -> tuple[Path | None, str, list[str]]:
 
 def main(argv: list[str]) -> int:
     """``vime-agent eval (model.path=DIR | run=RUN_DIR) [env=...] [key=value ...] [out=FILE]``."""
-    from vime.agents.policy_client import PolicyClient
-    from vime.rl.config import describe, load_config
-    from vime.rl.loop import load_eval_tasks, serve_engine
-
     if any(a in ("-h", "--help") for a in argv):
         print(__doc__)
         print(describe())
@@ -103,10 +111,10 @@ def main(argv: list[str]) -> int:
     if not cfg.model.path:
         raise ConfigError("eval needs model.path=HF_FOLDER or run=RUN_DIR", key="model.path")
     model_dir = Path(cfg.model.path)
-    tasks = load_eval_tasks(cfg)
+    tasks = eval_tasks(cfg.env)
     if not tasks:
         raise ConfigError("env.eval_size is 0: nothing to evaluate", key="env.eval_size")
-    with serve_engine(cfg, model_dir, log_dir=None) as server:
+    with serve_engine(cfg.engine, model_dir) as server:
         policy = PolicyClient.from_urls(server.url)
 
         async def run() -> list[Episode]:
