@@ -8,7 +8,7 @@ import pytest
 import torch.multiprocessing as mp
 from _trainer_samples import random_samples
 
-from vime.trainer.parallel import free_port
+from vime.net import free_port
 from vime.trainer.step import Trainer, TrainerConfig
 
 

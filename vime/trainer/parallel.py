@@ -17,7 +17,6 @@ Example:
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 
 import torch
@@ -39,18 +38,6 @@ class ParallelInfo:
     tp_rank: int
     pp_rank: int
     dp_rank: int
-
-
-def free_port() -> int:
-    """A TCP port that was free a moment ago on localhost.
-
-    Example:
-        >>> 0 < free_port() < 65536
-        True
-    """
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
