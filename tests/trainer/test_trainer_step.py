@@ -104,3 +104,58 @@ def test_config_errors_name_the_field():
         TrainerConfig(lr=0)
     with pytest.raises(ConfigError, match=r"trainer\.dtype"):
         TrainerConfig(dtype="fp8")
+
+
+_BF16_CHILD = """
+import json, os, signal, sys
+sys.path.insert(0, {here!r})
+from _trainer_samples import random_samples
+from vime.trainer.step import Trainer, TrainerConfig
+trainer = Trainer({folder!r}, TrainerConfig(dtype="bfloat16", lr=1e-3, warmup_steps=2))
+samples = random_samples(4, 250, seed=3)
+trainer.train_step(samples)
+trainer.save_checkpoint({ckpt!r})
+losses = [trainer.train_step(samples)["loss"] for _ in range(2)]
+with open({out!r}, "w") as f:
+    json.dump(losses, f)
+os.kill(os.getpid(), signal.SIGKILL)  # die without any clean-up after the save
+"""
+
+
+def test_bf16_checkpoint_survives_sigkill_and_resumes_the_same_losses(
+    hf_checkpoints, dist1, tmp_path
+):
+    """bf16 (float32 master weights and Adam state in the optimizer) saves, dies, resumes.
+
+    Two steps after the resume are compared, not one: the first only needs the bf16 model
+    weights back; the second also needs the float32 master weights and Adam's moments.
+    """
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "losses.json"
+    code = _BF16_CHILD.format(
+        here=str(Path(__file__).parent),
+        folder=str(hf_checkpoints["llama"]),
+        ckpt=str(tmp_path / "ckpt"),
+        out=str(out),
+    )
+    child = subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600
+    )
+    assert child.returncode == -signal.SIGKILL
+    expected = json.loads(out.read_text())
+
+    cfg = TrainerConfig(dtype="bfloat16", lr=1e-3, warmup_steps=2)
+    resumed = Trainer(hf_checkpoints["llama"], cfg)
+    assert next(resumed.module.parameters()).dtype == torch.bfloat16
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == 1
+    samples = random_samples(4, 250, seed=3)
+    again = [resumed.train_step(samples)["loss"] for _ in range(2)]
+    # Same ops on the same device in both processes: equal up to float reassociation.
+    assert again == pytest.approx(expected, rel=1e-5)
+    assert expected[1] != pytest.approx(expected[0], rel=1e-4)  # it did train

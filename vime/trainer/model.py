@@ -258,6 +258,13 @@ def build_gpt_model(
     # With PP and tied embeddings Megatron moves the last stage's copy to CUDA to sync it.
     with cpu_device_scope():
         model = _construct(config, layer_spec, spec)
+    if dtype != torch.float32:
+        # The local spec's torch RMSNorm ignores params_dtype and stays float32. Megatron's
+        # float16 optimizer keeps those in a separate group, and its sharded (checkpoint)
+        # state then maps optimizer states onto the wrong parameters ("Optimizer shape
+        # does not match model shape"). One dtype for every parameter, as Megatron's
+        # Float16Module does; vLLM holds the norms in the same dtype.
+        model.to(dtype)
     model.hf_spec = spec
     return model
 
