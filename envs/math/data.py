@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from envs.math.reward import extract_boxed
+from vime.envs.answers import extract_boxed
 from vime.envs.tasks import Task, load_tasks
 from vime.errors import DataError
 

@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from vime.envs.answers import extract_boxed
+
 MAX_ANSWER_CHARS = 300
 """Boxed answers longer than this are scored 0 without parsing (no real answer is that long)."""
 MAX_EXPONENT_DIGITS = 6
 """An exponent holding more digits than this (``2^{10000000}``) is refused: sympy would expand it."""
 
-_BOX_OPENERS = ("\\boxed{", "\\fbox{")
 _NUMBER = re.compile(r"^[+-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?$|^[+-]?\.\d+$")
 _FRACTION = re.compile(r"^([+-]?\d+)/(\d+)$")
 _LATEX_FRACTION = re.compile(r"^([+-]?)\\[dt]?frac\{(\d+)\}\{(\d+)\}$")
@@ -56,31 +57,6 @@ class MathScore:
     format_ok: bool
     extracted: str | None
     reason: str = ""
-
-
-def extract_boxed(text: str) -> str | None:
-    r"""The content of the last ``\boxed{...}`` (or ``\fbox{...}``) in ``text``, braces balanced.
-
-    Example:
-        >>> extract_boxed(r"first \boxed{1}, then \boxed{\frac{2}{3}}")
-        '\\frac{2}{3}'
-        >>> extract_boxed("no box") is None
-        True
-    """
-    start = max(text.rfind(opener) for opener in _BOX_OPENERS)
-    if start < 0:
-        return None
-    i = text.index("{", start) + 1
-    depth = 1
-    for j in range(i, len(text)):
-        c = text[j]
-        if c == "{":
-            depth += 1
-        elif c == "}":
-            depth -= 1
-            if depth == 0:
-                return text[i:j].strip()
-    return None  # unbalanced: the answer was cut off
 
 
 def normalize(answer: str) -> str:

@@ -5,7 +5,8 @@ import time
 
 import pytest
 
-from envs.math.reward import extract_boxed, is_pathological, score_answer
+from envs.math.reward import is_pathological, score_answer
+from vime.envs.answers import extract_boxed
 
 B = "\\boxed"
 CASES = [
