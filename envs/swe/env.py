@@ -4,9 +4,9 @@ Each turn the policy calls tools (``bash``, ``str_replace``, ``write_file``) tha
 its own sandbox; ``submit()`` ends the episode. The reward is computed from the agent's
 final ``git diff`` alone (see :mod:`envs.swe.grading`): applied to a pristine copy of the
 repository in a fresh container, where the hidden tests are added afterwards. A diff that
-touches test files is rejected (reward 0). Per-episode limits: ``max_turns``,
-``max_episode_seconds`` and ``max_total_output_chars`` (hitting one truncates the episode;
-the diff so far is still graded when ``grade_on_truncation``).
+touches test files is rejected (reward 0). Per-episode limits: the registered
+``max_turns``, ``max_episode_seconds`` and ``max_total_output_chars`` (hitting one
+truncates the episode; the diff so far is still graded when ``grade_on_truncation``).
 
 The repository sandbox is created on the first tool call (so ``reset`` is cheap) and
 removed when the episode ends, on ``close()`` or on the next ``reset()``.
@@ -21,7 +21,6 @@ Example:
 from __future__ import annotations
 
 import dataclasses
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +28,8 @@ from typing import Any
 from envs.swe.grading import GradeResult, agent_diff, grade, setup_repo
 from envs.swe.tasks import SWETask, load_bundled
 from envs.swe.tools import SWE_TOOLS
-from envs.tools.toolkit import ToolContext, Toolset, parse_error_message, tool_message
 from vime.config import require
-from vime.envs import Env
+from vime.envs.toolkit import ToolContext, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message
@@ -53,12 +51,10 @@ class SWEConfig:
     """Settings of :class:`SWEEnv`.
 
     Example:
-        >>> SWEConfig(max_turns=10).grade_on_truncation
+        >>> SWEConfig(command_timeout=10.0).grade_on_truncation
         True
     """
 
-    # Turns before the episode is truncated (keep equal to the registered max_turns).
-    max_turns: int = 30
     # Wall-clock seconds per episode (commands are cut to what is left).
     max_episode_seconds: float = 600.0
     # Seconds one bash command may run.
@@ -87,7 +83,6 @@ class SWEConfig:
     def __post_init__(self) -> None:
         if isinstance(self.sandbox, dict):
             self.sandbox = SandboxConfig(**self.sandbox)
-        require(self.max_turns >= 1, "swe.max_turns", f"must be >= 1, got {self.max_turns}")
         require(self.max_episode_seconds > 0, "swe.max_episode_seconds", "must be > 0")
         require(self.command_timeout > 0, "swe.command_timeout", "must be > 0 seconds")
         require(self.max_output_chars >= 200, "swe.max_output_chars", "must be >= 200")
@@ -103,7 +98,7 @@ class SWEConfig:
 def load_task_file(path: str | Path) -> list[dict[str, Any]]:
     """Task records from a jsonl file of vime SWE tasks (``SWETask`` fields per line).
 
-    Example:
+    Example (skipped in doctests: it needs a task file on disk):
         >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
     """
     import json
@@ -120,7 +115,7 @@ def load_task_file(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
-class SWEEnv(Env):
+class SWEEnv(ToolEnv):
     """Repository bug fixing graded by hidden tests (registered as ``vime/SWE-v0``).
 
     Args:
@@ -133,21 +128,14 @@ class SWEEnv(Env):
     """
 
     def __init__(self, config: SWEConfig | dict[str, Any] | None = None, **overrides: Any) -> None:
-        super().__init__()
+        super().__init__(Toolset(SWE_TOOLS))
         if isinstance(config, dict):
             config = SWEConfig(**config)
         base = config or SWEConfig()
         self.config = dataclasses.replace(base, **overrides) if overrides else base
-        self.toolset = Toolset(SWE_TOOLS)
-        self.tools = self.toolset.schemas
-        self._tasks: list[dict[str, Any]] | None = None
-        self._ctx = ToolContext()
         self._swe_task: SWETask | None = None
         self._base = ""
-        self._turn = 0
-        self._started = 0.0
         self._output_chars = 0
-        self._stats: dict[str, float] = {}
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -177,18 +165,14 @@ class SWEEnv(Env):
     ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on ``options["task"]`` (or a task drawn with ``np_random``)."""
         super().reset(seed=seed, options=options)
-        self._ctx.close()
-        if not self.task:
-            if self._tasks is None:
-                path = self.config.tasks_path
-                self._tasks = load_task_file(path) if path else load_bundled()
-            self.task = dict(self._tasks[int(self.np_random.integers(len(self._tasks)))])
+        path = self.config.tasks_path
+        self.draw_task(lambda: load_task_file(path) if path else load_bundled())
         try:
             task = SWETask.from_record(self.task)
         except Exception as err:
             raise EnvError(f"bad SWE task record: {err}", task_id=str(self.task.get("id"))) from err
         self._swe_task = task
-        self._ctx = ToolContext(
+        ctx = ToolContext(
             sandbox_factory=self._new_sandbox,
             on_acquire=self._prepare,
             task=self.task,
@@ -196,17 +180,9 @@ class SWEEnv(Env):
             exec_timeout=self.config.command_timeout,
             max_output_chars=self.config.max_output_chars,
         )
+        self.start_episode(ctx, resolved=0.0, rejected=0.0)
         self._base = ""
-        self._turn = 0
-        self._started = time.monotonic()
         self._output_chars = 0
-        self._stats = {
-            "tool_calls": 0.0,
-            "tool_errors": 0.0,
-            "parse_errors": 0.0,
-            "resolved": 0.0,
-            "rejected": 0.0,
-        }
         user = f"<issue>\n{task.problem_statement.strip()}\n</issue>"
         if task.files:
             listing = "\n".join(sorted(task.files))
@@ -217,40 +193,32 @@ class SWEEnv(Env):
         ]
         return messages, {"task_id": task.id}
 
-    def _remaining(self) -> float:
-        return self.config.max_episode_seconds - (time.monotonic() - self._started)
-
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Run the turn's tool calls; grade on ``submit()`` or when a limit truncates the episode."""
-        self._turn += 1
+        self.begin_turn(action)
         messages: list[Message] = []
         submitted = False
         for i, call in enumerate(action.tool_calls):
-            self._stats["tool_calls"] += 1
             if call.name == "submit":
+                self.stats["tool_calls"] += 1
                 submitted = True
                 messages.append(tool_message(call, i, "submitted; grading your changes"))
                 break
             # A command may not outlive the episode's wall-time budget.
-            self._ctx.exec_timeout = max(1.0, min(self.config.command_timeout, self._remaining()))
-            content = self.toolset.call(call, self._ctx)
-            self._stats["tool_errors"] += content.startswith("error:")
-            self._output_chars += len(content)
-            messages.append(tool_message(call, i, content))
-        if action.parse_errors:
-            self._stats["parse_errors"] += len(action.parse_errors)
-            messages.append(parse_error_message(list(action.parse_errors)))
-        elif not action.tool_calls:
+            left = self.config.max_episode_seconds - self.elapsed()
+            self.ctx.exec_timeout = max(1.0, min(self.config.command_timeout, left))
+            messages.append(self.run_tool(call, i))
+            self._output_chars += len(messages[-1]["content"])
+        messages += self.parse_error_reply(action)
+        if not action.tool_calls and not action.parse_errors:
             messages.append({"role": "user", "content": NO_TOOL_CALL})
         if submitted:
             return self._end(messages, truncated_by="")
-        for limit, hit in (
-            ("max_turns", self._turn >= self.turn_limit(self.config.max_turns)),
-            ("wall_time", self._remaining() <= 0),
-            ("output_size", self._output_chars > self.config.max_total_output_chars),
-        ):
-            if hit:
-                return self._end(messages, truncated_by=limit)
+        limit = self.limit_hit(self.config.max_episode_seconds)
+        if not limit and self._output_chars > self.config.max_total_output_chars:
+            limit = "output_size"
+        if limit:
+            return self._end(messages, truncated_by=limit)
         return messages, 0.0, False, False, {"task_id": self._task_id}
 
     @property
@@ -264,8 +232,8 @@ class SWEEnv(Env):
         result = GradeResult(False, "not graded: truncated and grade_on_truncation is off")
         if not truncated_by or self.config.grade_on_truncation:
             result = self._grade()
-        self._ctx.close()
-        self._stats.update(
+        self.ctx.close()
+        self.stats.update(
             resolved=float(result.resolved),
             rejected=float("protected" in result.reason),
             diff_bytes=float(result.diff_bytes),
@@ -284,13 +252,13 @@ class SWEEnv(Env):
     def _grade(self) -> GradeResult:
         task = self._swe_task
         assert task is not None
-        if not self._ctx.has_sandbox:
+        if not self.ctx.has_sandbox:
             return GradeResult(False, "empty diff: the agent changed nothing")
         try:
-            diff = agent_diff(self._ctx.sandbox, task, self._base, self.config.command_timeout)
+            diff = agent_diff(self.ctx.sandbox, task, self._base, self.config.command_timeout)
         except ValueError as err:
             return GradeResult(False, str(err))
-        self._ctx.close()  # free the agent's container before starting the grader's
+        self.ctx.close()  # free the agent's container before starting the grader's
         return grade(
             task,
             diff,
@@ -298,15 +266,3 @@ class SWEEnv(Env):
             timeout=self.config.grade_timeout,
             max_diff_bytes=self.config.max_diff_bytes,
         )
-
-    def episode_metrics(self) -> dict[str, float]:
-        """Turns, tool calls/errors, parse errors, resolved, rejected, diff size, grading time."""
-        return {
-            **self._stats,
-            "turns": float(self._turn),
-            "sandbox_used": float(self._ctx.acquired),
-        }
-
-    def close(self) -> None:
-        """Remove the episode's repository sandbox, if one was created."""
-        self._ctx.close()

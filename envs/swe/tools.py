@@ -11,24 +11,8 @@ Example:
 
 from __future__ import annotations
 
-import posixpath
-
-from envs.tools.builtin_tools import format_exec
-from envs.tools.toolkit import ToolContext, ToolError, tool
+from vime.envs.toolkit import ToolContext, ToolError, format_exec, resolve_path, tool
 from vime.errors import SandboxError
-
-
-def repo_path(ctx: ToolContext, path: str) -> str:
-    """Absolute path of ``path`` (relative to the repository, or absolute inside it).
-
-    Example:
-        >>> repo_path(ToolContext(workdir="/workspace"), "pkg/a.py")
-        '/workspace/pkg/a.py'
-    """
-    full = posixpath.normpath(posixpath.join(ctx.workdir, path))
-    if not (full == ctx.workdir or full.startswith(ctx.workdir.rstrip("/") + "/")):
-        raise ToolError(f"path {path!r} is outside the repository {ctx.workdir}")
-    return full
 
 
 @tool
@@ -53,7 +37,7 @@ def str_replace(ctx: ToolContext, path: str, old_str: str, new_str: str) -> str:
         old_str: the exact text to replace; it must occur exactly once (add context lines if not).
         new_str: the replacement text.
     """
-    full = repo_path(ctx, path)
+    full = resolve_path(ctx, path, "repository")
     try:
         text = ctx.sandbox.read_file(full).decode()
     except UnicodeDecodeError as err:
@@ -81,7 +65,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
         path: file path relative to the repository; folders are created.
         content: the complete new content.
     """
-    ctx.sandbox.write_file(repo_path(ctx, path), content)
+    ctx.sandbox.write_file(resolve_path(ctx, path, "repository"), content)
     return f"wrote {len(content.encode())} bytes to {path}"
 
 

@@ -1,7 +1,7 @@
 """Built-in tools: a safe calculator, Python in the sandbox, and workspace file access.
 
 The calculator evaluates arithmetic by walking the expression's AST (no ``eval``); the
-others run in the episode's sandbox, which :class:`~envs.tools.toolkit.ToolContext`
+others run in the episode's sandbox, which :class:`~vime.envs.toolkit.ToolContext`
 creates on first use.
 
 Example:
@@ -14,11 +14,10 @@ from __future__ import annotations
 import ast
 import math
 import operator
-import posixpath
 from collections.abc import Callable
 from typing import Any
 
-from envs.tools.toolkit import Tool, ToolContext, ToolError, clip, tool
+from vime.envs.toolkit import Tool, ToolContext, ToolError, format_exec, resolve_path, tool
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,
@@ -132,21 +131,6 @@ def calculator(expression: str) -> str:
     return str(evaluate(expression))
 
 
-def format_exec(result: Any, limit: int) -> str:
-    """Render an ExecResult for the policy: exit status, stdout, stderr, clipped to ``limit``.
-
-    Example:
-        >>> from vime.sandbox import ExecResult
-        >>> format_exec(ExecResult(0, "4\\n", "", False, 0.1), 100)
-        'exit code 0\\n4\\n'
-    """
-    head = "timed out (killed)" if result.timed_out else f"exit code {result.exit_code}"
-    body = result.stdout
-    if result.stderr:
-        body += ("" if not body or body.endswith("\n") else "\n") + f"[stderr]\n{result.stderr}"
-    return clip(f"{head}\n{body}", limit)
-
-
 @tool
 def python(ctx: ToolContext, code: str) -> str:
     """Run a Python 3 program in the workspace; returns exit code, stdout and stderr.
@@ -161,21 +145,6 @@ def python(ctx: ToolContext, code: str) -> str:
     return format_exec(result, ctx.max_output_chars)
 
 
-def workspace_path(ctx: ToolContext, path: str) -> str:
-    """Resolve ``path`` inside the workspace; paths that leave it raise ToolError.
-
-    Example:
-        >>> workspace_path(ToolContext(), "data/a.txt")
-        '/workspace/data/a.txt'
-    """
-    full = posixpath.normpath(posixpath.join(ctx.workdir, path))
-    if full != ctx.workdir and not full.startswith(ctx.workdir.rstrip("/") + "/"):
-        raise ToolError(
-            f"path {path!r} is outside the workspace {ctx.workdir}; use a relative path"
-        )
-    return full
-
-
 @tool
 def read_file(ctx: ToolContext, path: str) -> str:
     """Read a text file from the workspace.
@@ -183,7 +152,7 @@ def read_file(ctx: ToolContext, path: str) -> str:
     Args:
         path: path relative to the workspace.
     """
-    full = workspace_path(ctx, path)
+    full = resolve_path(ctx, path)
     result = ctx.sandbox.exec(["cat", "--", full], timeout=ctx.exec_timeout)
     if not result.ok:
         raise ToolError(
@@ -200,7 +169,7 @@ def write_file(ctx: ToolContext, path: str, content: str) -> str:
         path: path relative to the workspace.
         content: the new content.
     """
-    full = workspace_path(ctx, path)
+    full = resolve_path(ctx, path)
     ctx.sandbox.write_file(full, content)
     return f"wrote {len(content.encode())} bytes to {path}"
 

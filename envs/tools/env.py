@@ -8,7 +8,7 @@ what was wrong. The episode ends when the policy
 - calls ``submit(answer)`` (terminated; reward 1 if the answer is right, else 0), or
 - answers without any tool call (terminated; the answer is the last ``\\boxed{...}`` in
   the text, none gives reward 0), or
-- runs out of turns (``max_turns``) or wall time (truncated, reward 0).
+- runs out of turns (the registered ``max_turns``) or wall time (truncated, reward 0).
 
 The sandbox (for ``python``, ``read_file``, ``write_file``) is created only when such a
 tool is first called, gets the task's ``files`` in its workspace, and is removed by
@@ -24,15 +24,14 @@ Example:
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from envs.tools.builtin_tools import BUILTINS
 from envs.tools.tasks import answers_match, load_tasks
-from envs.tools.toolkit import Tool, ToolContext, Toolset, parse_error_message, tool_message
 from vime.config import require
-from vime.envs import Env
+from vime.envs.answers import extract_boxed
+from vime.envs.toolkit import Tool, ToolContext, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message, ToolCall
@@ -48,7 +47,7 @@ class ToolsConfig:
     """Settings of :class:`ToolsEnv`.
 
     Example:
-        >>> ToolsConfig(max_turns=4).tools[-1]
+        >>> ToolsConfig(exec_timeout=4.0).tools[-1]
         'submit'
     """
 
@@ -56,8 +55,6 @@ class ToolsConfig:
     tools: list[str] = field(
         default_factory=lambda: ["calculator", "python", "read_file", "write_file", "submit"]
     )
-    # Turns before the episode is truncated (keep equal to the registered max_turns).
-    max_turns: int = 8
     # Wall-clock seconds per episode before it is truncated.
     max_episode_seconds: float = 300.0
     # Seconds one python tool call may run.
@@ -85,47 +82,23 @@ class ToolsConfig:
             f"unknown tool(s) {unknown}; built-ins are {sorted(BUILTINS)}",
         )
         require(len(set(self.tools)) == len(self.tools), "tools.tools", "lists a tool twice")
-        require(self.max_turns >= 1, "tools.max_turns", f"must be >= 1, got {self.max_turns}")
         require(self.max_episode_seconds > 0, "tools.max_episode_seconds", "must be > 0")
         require(self.exec_timeout > 0, "tools.exec_timeout", "must be > 0 seconds")
         require(self.max_output_chars >= 100, "tools.max_output_chars", "must be >= 100")
         require(self.answer_rel_tol >= 0, "tools.answer_rel_tol", "must be >= 0")
 
 
-def last_boxed(text: str) -> str | None:
-    r"""The content of the last ``\boxed{...}`` in ``text`` (nested braces allowed), or None.
-
-    Example:
-        >>> last_boxed(r"so \boxed{1} no, \boxed{\frac{1}{2}}")
-        '\\frac{1}{2}'
-    """
-    start = text.rfind("\\boxed{")
-    if start < 0:
-        return None
-    depth, i = 1, start + len("\\boxed{")
-    begin = i
-    while i < len(text):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[begin:i].strip()
-        i += 1
-    return None
-
-
-class ToolsEnv(Env):
+class ToolsEnv(ToolEnv):
     """Multi-turn tool use with a verifier reward (registered as ``vime/Tools-v0``).
 
     Args:
         config: a :class:`ToolsConfig` (or a dict of its fields); defaults if omitted.
-        extra_tools: more :class:`~envs.tools.toolkit.Tool` s (made with ``@tool``).
+        extra_tools: more :class:`~vime.envs.toolkit.Tool` s (made with ``@tool``).
         **overrides: fields of :class:`ToolsConfig` (what ``vime.make(id, **kw)`` passes).
 
     Example:
-        >>> ToolsEnv(max_turns=3).config.max_turns
-        3
+        >>> ToolsEnv(exec_timeout=3.0).config.exec_timeout
+        3.0
     """
 
     def __init__(
@@ -135,25 +108,15 @@ class ToolsEnv(Env):
         extra_tools: list[Tool] | tuple[Tool, ...] = (),
         **overrides: Any,
     ) -> None:
-        super().__init__()
         if isinstance(config, dict):
             config = ToolsConfig(**config)
         base = config or ToolsConfig()
         self.config = ToolsConfig(**{**base.__dict__, **overrides}) if overrides else base
-        self.toolset = Toolset([BUILTINS[name] for name in self.config.tools] + list(extra_tools))
-        self.tools = self.toolset.schemas
-        self._tasks: list[dict[str, Any]] | None = None
-        self._ctx = ToolContext()
-        self._turn = 0
-        self._started = 0.0
-        self._stats: dict[str, float] = {}
+        super().__init__(
+            Toolset([BUILTINS[name] for name in self.config.tools] + list(extra_tools))
+        )
 
     # -- episode ---------------------------------------------------------------------
-
-    def _default_tasks(self) -> list[dict[str, Any]]:
-        if self._tasks is None:
-            self._tasks = load_tasks(self.config.tasks_path or None)
-        return self._tasks
 
     def _place_files(self, sandbox: Any) -> None:
         for rel, content in self.task.get("files", {}).items():
@@ -164,10 +127,7 @@ class ToolsEnv(Env):
     ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on ``options["task"]`` (or a task drawn with ``np_random``)."""
         super().reset(seed=seed, options=options)
-        self._ctx.close()  # the previous episode's sandbox, if close() was not called
-        if not self.task:
-            tasks = self._default_tasks()
-            self.task = dict(tasks[int(self.np_random.integers(len(tasks)))])
+        self.draw_task(lambda: load_tasks(self.config.tasks_path or None))
         for key in ("id", "question", "answer"):
             if key not in self.task:
                 raise EnvError(
@@ -176,7 +136,7 @@ class ToolsEnv(Env):
                     task_id=str(self.task.get("id")),
                 )
         cfg = self.config
-        self._ctx = ToolContext(
+        ctx = ToolContext(
             sandbox_factory=self._new_sandbox,
             on_acquire=self._place_files,
             task=self.task,
@@ -184,9 +144,7 @@ class ToolsEnv(Env):
             exec_timeout=cfg.exec_timeout,
             max_output_chars=cfg.max_output_chars,
         )
-        self._turn = 0
-        self._started = time.monotonic()
-        self._stats = {"tool_calls": 0.0, "tool_errors": 0.0, "parse_errors": 0.0, "correct": 0.0}
+        self.start_episode(ctx, correct=0.0)
         messages = [
             {"role": "system", "content": SYSTEM_PROMPT.format(workdir=cfg.sandbox.workspace)},
             {"role": "user", "content": str(self.task["question"])},
@@ -202,8 +160,8 @@ class ToolsEnv(Env):
         self, answer: Any, messages: list[Message], how: str
     ) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         correct = answers_match(answer, self.task["answer"], self.config.answer_rel_tol)
-        self._stats["correct"] = float(correct)
-        self._ctx.close()  # nothing runs after the answer: free the sandbox now
+        self.stats["correct"] = float(correct)
+        self.ctx.close()  # nothing runs after the answer: free the sandbox now
         info = {
             "task_id": str(self.task["id"]),
             "answer": answer,
@@ -214,41 +172,29 @@ class ToolsEnv(Env):
 
     def step(self, action: Action) -> tuple[list[Message], float, bool, bool, dict[str, Any]]:
         """Run the turn's tool calls; end on submit, on a tool-free answer, or at a limit."""
-        self._turn += 1
+        self.begin_turn(action)
         messages: list[Message] = []
-        if action.parse_errors:
-            self._stats["parse_errors"] += len(action.parse_errors)
         if not action.tool_calls and not action.parse_errors:
-            return self._finish(last_boxed(action.text or ""), messages, "text")
+            return self._finish(extract_boxed(action.text or ""), messages, "text")
         for i, call in enumerate(action.tool_calls):
-            self._stats["tool_calls"] += 1
             if call.name == "submit" and "submit" in self.toolset:
+                self.stats["tool_calls"] += 1
                 answer = self._submitted(call)
                 if answer is not None:
                     messages.append(tool_message(call, i, f"submitted {answer!r}"))
                     return self._finish(answer, messages, "submit")
-                self._stats["tool_errors"] += 1
-                messages.append(
-                    tool_message(
-                        call, i, 'error: submit needs one argument, answer, e.g. {"answer": "42"}'
-                    )
-                )
+                self.stats["tool_errors"] += 1
+                error = 'error: submit needs one argument, answer, e.g. {"answer": "42"}'
+                messages.append(tool_message(call, i, error))
                 continue
-            content = self.toolset.call(call, self._ctx)
-            if content.startswith("error:"):
-                self._stats["tool_errors"] += 1
-            messages.append(tool_message(call, i, content))
-        if action.parse_errors:
-            # After the tool results: those answer the assistant's well-formed calls directly.
-            messages.append(parse_error_message(list(action.parse_errors)))
+            messages.append(self.run_tool(call, i))
+        # After the tool results: those answer the assistant's well-formed calls directly.
+        messages += self.parse_error_reply(action)
         info: dict[str, Any] = {"task_id": str(self.task["id"])}
-        if self._turn >= self.turn_limit(self.config.max_turns):
-            info["truncated_by"] = "max_turns"
-        elif time.monotonic() - self._started > self.config.max_episode_seconds:
-            info["truncated_by"] = "wall_time"
-        if "truncated_by" in info:
-            self._ctx.close()
-            return messages, 0.0, False, True, info
+        limit = self.limit_hit(self.config.max_episode_seconds)
+        if limit:
+            self.ctx.close()
+            return messages, 0.0, False, True, {**info, "truncated_by": limit}
         return messages, 0.0, False, False, info
 
     @staticmethod
@@ -262,15 +208,3 @@ class ToolsEnv(Env):
         ):
             return None
         return str(args["answer"])
-
-    def episode_metrics(self) -> dict[str, float]:
-        """Tool calls, tool errors, parse errors, whether the answer was right, turns used."""
-        return {
-            **self._stats,
-            "turns": float(self._turn),
-            "sandbox_used": float(self._ctx.acquired),
-        }
-
-    def close(self) -> None:
-        """Remove the episode's sandbox, if one was created."""
-        self._ctx.close()

@@ -1,18 +1,23 @@
-"""vime environments: the :class:`Env` contract, registration, the checker and task sources.
+"""vime environments: the :class:`Env` contract, registration, the checker, task sources and
+the tool kit (:func:`tool`, :class:`Toolset`, :class:`ToolEnv`) of tool-using envs.
 
 Example:
     >>> import vime
-    >>> env = vime.make("vime/Math-v0")  # doctest: +SKIP
-    >>> messages, info = env.reset(seed=0)  # doctest: +SKIP
+    >>> env = vime.make("vime/Math-v0")
+    >>> messages, info = env.reset(seed=0)
+    >>> messages[-1]["role"]
+    'user'
 """
 
 from __future__ import annotations
 
+from vime.envs.answers import extract_boxed
 from vime.envs.base import Env
 from vime.envs.checker import CheckResult, check_env, run_checks
 from vime.envs.registration import EnvSpec, make, register, register_bundled, registry
 from vime.envs.spaces import ActionSpace, MessagesSpace, message_problem, messages_problem
 from vime.envs.tasks import TaskSource, TaskSourceConfig, load_tasks
+from vime.envs.toolkit import Tool, ToolContext, ToolEnv, ToolError, Toolset, tool
 from vime.envs.wrappers import ContractChecker, EpisodeGuard, TurnLimit, wrap
 
 __all__ = [
@@ -25,8 +30,14 @@ __all__ = [
     "MessagesSpace",
     "TaskSource",
     "TaskSourceConfig",
+    "Tool",
+    "ToolContext",
+    "ToolEnv",
+    "ToolError",
+    "Toolset",
     "TurnLimit",
     "check_env",
+    "extract_boxed",
     "load_tasks",
     "make",
     "message_problem",
@@ -34,6 +45,7 @@ __all__ = [
     "register",
     "registry",
     "run_checks",
+    "tool",
     "wrap",
 ]
 

@@ -7,9 +7,9 @@ from typing import Literal
 import pytest
 
 from envs.tools.builtin_tools import BUILTINS, calculator, evaluate
-from envs.tools.env import last_boxed
 from envs.tools.tasks import DATA, answers_match, generate_tasks, load_tasks, render_jsonl
-from envs.tools.toolkit import Tool, ToolContext, ToolError, Toolset, clip, tool
+from vime.envs.answers import extract_boxed
+from vime.envs.toolkit import Tool, ToolContext, ToolError, Toolset, clip, tool
 from vime.types import ToolCall
 
 
@@ -132,8 +132,8 @@ def test_verifier_and_boxed():
     assert not answers_match("42", "43") and not answers_match(None, "1")
     assert answers_match("0.3333333", "0.33333333333") and not answers_match("0.33", "0.3333333")
     assert not answers_match("100000000000000000001", "100000000000000000000")
-    assert last_boxed("a \\boxed{1} then \\boxed{x{y}z}") == "x{y}z"
-    assert last_boxed("no box") is None and last_boxed("\\boxed{open") is None
+    assert extract_boxed("a \\boxed{1} then \\boxed{x{y}z}") == "x{y}z"
+    assert extract_boxed("no box") is None and extract_boxed("\\boxed{open") is None
 
 
 def test_bundled_tasks_match_generator():

@@ -154,7 +154,7 @@ def test_turn_limit_truncates_and_close_releases(docker_host):
 
 
 def test_extra_tool_is_one_decorated_function():
-    from envs.tools.toolkit import tool
+    from vime.envs.toolkit import tool
 
     @tool
     def reverse(text: str) -> str:

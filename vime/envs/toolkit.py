@@ -1,4 +1,4 @@
-"""Tools for agent environments: one decorated function is one tool.
+"""The tool kit of every tool-using env: one decorated function is one tool.
 
 :func:`tool` turns a function into a :class:`Tool` whose OpenAI function schema comes
 from the signature (types, defaults) and the docstring (the description, and one line per
@@ -7,6 +7,8 @@ argument under ``Args:``). A :class:`Toolset` validates the arguments of a parse
 mistyped argument, the tool raising) comes back as an observation string, so a policy's
 malformed call never crashes an episode. Tools that need the sandbox take a first
 parameter named ``ctx`` (a :class:`ToolContext`); it is not part of the schema.
+:class:`ToolEnv` is the base of envs whose policy acts through a toolset (it owns the
+episode's context, counters, metrics and ``close``).
 
 Example:
     >>> @tool
@@ -27,19 +29,33 @@ Example:
 from __future__ import annotations
 
 import inspect
+import posixpath
 import re
+import time
 import types
 import typing
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vime.envs.base import Env
 from vime.errors import EnvError, SandboxError
-from vime.types import Message, ToolCall
+from vime.types import Action, Message, ToolCall
 
 
 class ToolError(Exception):
-    """Raised by a tool for a problem the policy caused; the message becomes the observation."""
+    """Raised by a tool for a problem the policy caused; the message becomes the observation.
+
+    Example:
+        >>> @tool
+        ... def half(n: int) -> str:
+        ...     '''Halve an even number.'''
+        ...     if n % 2:
+        ...         raise ToolError(f"{n} is odd")
+        ...     return str(n // 2)
+        >>> Toolset([half]).call(ToolCall("half", {"n": 3}), ToolContext())
+        'error: 3 is odd'
+    """
 
 
 @dataclass
@@ -76,8 +92,8 @@ class ToolContext:
         if self._sandbox is None:
             if self.sandbox_factory is None:
                 raise EnvError(
-                    "a tool needs a sandbox but this env has no sandbox_factory; "
-                    "construct the env with a sandbox config (e.g. ToolsConfig(image=...))"
+                    "a tool needs a sandbox but this ToolContext has no sandbox_factory; "
+                    "the env must pass one (e.g. lambda: DockerSandbox(config))"
                 )
             sandbox = self.sandbox_factory()
             try:
@@ -110,6 +126,36 @@ def clip(text: str, limit: int) -> str:
     tail = limit - head - 1
     cut = len(text) - head - tail
     return f"{text[:head]}\n[... {cut} characters cut ...]\n{text[len(text) - tail :]}"
+
+
+def format_exec(result: Any, limit: int) -> str:
+    """Render a sandbox ``ExecResult`` for the policy: exit status, stdout, stderr, clipped.
+
+    Example:
+        >>> from vime.sandbox import ExecResult
+        >>> format_exec(ExecResult(0, "4\\n", "", False, 0.1), 100)
+        'exit code 0\\n4\\n'
+    """
+    head = "timed out (killed)" if result.timed_out else f"exit code {result.exit_code}"
+    body = result.stdout
+    if result.stderr:
+        body += ("" if not body or body.endswith("\n") else "\n") + f"[stderr]\n{result.stderr}"
+    return clip(f"{head}\n{body}", limit)
+
+
+def resolve_path(ctx: ToolContext, path: str, place: str = "workspace") -> str:
+    """Absolute path of ``path`` inside ``ctx.workdir``; one that leaves it raises ToolError.
+
+    ``place`` names the folder in the error (``"workspace"``, ``"repository"``).
+
+    Example:
+        >>> resolve_path(ToolContext(workdir="/repo"), "pkg/../a.py", "repository")
+        '/repo/a.py'
+    """
+    full = posixpath.normpath(posixpath.join(ctx.workdir, path))
+    if full != ctx.workdir and not full.startswith(ctx.workdir.rstrip("/") + "/"):
+        raise ToolError(f"path {path!r} is outside the {place} {ctx.workdir}; use a relative path")
+    return full
 
 
 _JSON_TYPES: dict[Any, str] = {
@@ -391,18 +437,145 @@ def tool_message(call: ToolCall, index: int, content: str) -> Message:
     }
 
 
-def parse_error_message(errors: list[str]) -> Message:
-    """A user message telling the policy why its tool calls could not be parsed.
+class ToolEnv(Env):
+    """Base of envs whose policy acts through a :class:`Toolset`.
+
+    It owns what every such env keeps per episode: the :class:`ToolContext` (:attr:`ctx`,
+    whose sandbox :meth:`close` releases), the counters in :attr:`stats` (``tool_calls``,
+    ``tool_errors``, ``parse_errors`` and the env's own), the turn count and the start
+    time; :meth:`episode_metrics` reports them. The turn limit is the registered one
+    (``vime.register(..., max_turns=)``, as ``vime.make`` applied it): :attr:`max_turns`.
+
+    A subclass passes its toolset to ``__init__``; its ``reset`` calls ``super().reset``
+    (which releases the last episode's sandbox), then :meth:`start_episode`; its ``step``
+    calls :meth:`begin_turn`, runs calls with :meth:`run_tool`, adds
+    :meth:`parse_error_reply` and ends at :meth:`limit_hit`.
 
     Example:
-        >>> parse_error_message(["bad JSON"])["role"]
-        'user'
+        >>> @tool
+        ... def echo(text: str) -> str:
+        ...     '''Repeat the text.'''
+        ...     return text
+        >>> class Echo(ToolEnv):
+        ...     def reset(self, *, seed=None, options=None):
+        ...         super().reset(seed=seed, options=options)
+        ...         self.start_episode(ToolContext())
+        ...         return [{"role": "user", "content": "Call echo."}], {}
+        ...     def step(self, action):
+        ...         self.begin_turn(action)
+        ...         new = [self.run_tool(c, i) for i, c in enumerate(action.tool_calls)]
+        ...         return new + self.parse_error_reply(action), 0.0, True, False, {}
+        >>> env = Echo(Toolset([echo]))
+        >>> _ = env.reset()
+        >>> env.step(Action(text="", tool_calls=[ToolCall("echo", {"text": "hi"})]))[0][0]["content"]
+        'hi'
+        >>> env.episode_metrics()
+        {'tool_calls': 1.0, 'tool_errors': 0.0, 'parse_errors': 0.0, 'turns': 1.0, 'sandbox_used': 0.0}
     """
-    listed = "\n".join(f"- {e}" for e in errors)
-    return {
-        "role": "user",
-        "content": (
-            f"{len(errors)} tool call(s) could not be parsed:\n{listed}\n"
-            'Write each call as <tool_call>{"name": "...", "arguments": {...}}</tool_call>.'
-        ),
-    }
+
+    def __init__(self, toolset: Toolset) -> None:
+        super().__init__()
+        self.toolset = toolset
+        self.tools = toolset.schemas
+        self.ctx = ToolContext()
+        self.turn = 0
+        self.started = time.monotonic()
+        self.stats: dict[str, float] = {}
+        self._task_pool: list[dict[str, Any]] | None = None
+
+    def reset(
+        self, *, seed: int | None = None, options: dict[str, Any] | None = None
+    ) -> tuple[list[Message], dict[str, Any]]:
+        """Release the last episode's sandbox (if ``close`` was not called), then as :meth:`Env.reset`."""
+        self.ctx.close()
+        return super().reset(seed=seed, options=options)
+
+    def draw_task(self, load: Callable[[], list[dict[str, Any]]]) -> None:
+        """Without a task from ``reset``, draw one with ``np_random`` from ``load()`` (read once).
+
+        Example:
+            >>> env = ToolEnv(Toolset([]))
+            >>> _ = env.reset(seed=0)
+            >>> env.draw_task(lambda: [{"id": "a"}])
+            >>> env.task
+            {'id': 'a'}
+        """
+        if self.task:
+            return
+        if self._task_pool is None:
+            self._task_pool = load()
+        pool = self._task_pool
+        self.task = dict(pool[int(self.np_random.integers(len(pool)))])
+
+    def start_episode(self, ctx: ToolContext, **stats: float) -> None:
+        """Install the episode's context and zero the counters (see the class example).
+
+        ``stats`` are the env's own counters with their start values (``correct=0.0``).
+        """
+        self.ctx.close()  # a live context replaced mid-episode would leak its sandbox
+        self.ctx = ctx
+        self.turn = 0
+        self.started = time.monotonic()
+        self.stats = {"tool_calls": 0.0, "tool_errors": 0.0, "parse_errors": 0.0, **stats}
+
+    def begin_turn(self, action: Action) -> None:
+        """Count the turn and its malformed calls; call it first in ``step`` (see the class example)."""
+        self.turn += 1
+        self.stats["parse_errors"] += len(action.parse_errors)
+
+    def run_tool(self, call: ToolCall, index: int) -> Message:
+        """Run one call in :attr:`ctx`, count it, return its tool message (see the class example)."""
+        self.stats["tool_calls"] += 1
+        content = self.toolset.call(call, self.ctx)
+        self.stats["tool_errors"] += content.startswith("error:")
+        return tool_message(call, index, content)
+
+    def parse_error_reply(self, action: Action) -> list[Message]:
+        """The user message answering the turn's malformed calls (``[]`` when none).
+
+        The text is the tool-call parser's own (:func:`vime.agents.tool_parsers.parse_error_message`),
+        so the env and the collector word a malformed call the same way.
+
+        Example:
+            >>> ToolEnv(Toolset([])).parse_error_reply(Action(text="", parse_errors=["bad"]))
+            [{'role': 'user', 'content': 'Error: your tool call could not be parsed, so nothing was run.\\n- bad'}]
+        """
+        if not action.parse_errors:
+            return []
+        # Imported here: vime.agents loads the HTTP client stack, which envs do not need.
+        from vime.agents.tool_parsers import parse_error_message
+
+        return [{"role": "user", "content": parse_error_message(action, others_ran=True)}]
+
+    @property
+    def max_turns(self) -> int | None:
+        """The registered turn limit as ``vime.make`` applied it (``None``: built without one)."""
+        return self.spec.max_episode_steps if self.spec is not None else None
+
+    def limit_hit(self, max_seconds: float) -> str:
+        """Which limit ends the episode after this turn: ``"max_turns"``, ``"wall_time"`` or ``""``.
+
+        The env must see the turn limit itself (``vime.make`` would truncate there anyway)
+        when its last turn has work to do: grade, release the sandbox.
+
+        Example:
+            >>> ToolEnv(Toolset([])).limit_hit(max_seconds=60.0)
+            ''
+        """
+        if self.max_turns is not None and self.turn >= self.max_turns:
+            return "max_turns"
+        if self.elapsed() >= max_seconds:
+            return "wall_time"
+        return ""
+
+    def elapsed(self) -> float:
+        """Seconds since the episode started."""
+        return time.monotonic() - self.started
+
+    def episode_metrics(self) -> dict[str, float]:
+        """The counters, the turns used and whether a sandbox was acquired (see the class example)."""
+        return {**self.stats, "turns": float(self.turn), "sandbox_used": float(self.ctx.acquired)}
+
+    def close(self) -> None:
+        """Release the episode's sandbox, if one was acquired. Safe to call twice."""
+        self.ctx.close()
