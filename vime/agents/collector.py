@@ -12,6 +12,9 @@ One episode, from the top::
         chat.add_messages(new)                                   # suffix of the re-render, loss_mask 0
     chat.close()                                                 # the template's end-of-turn glue
 
+One episode is a :class:`~vime.agents.episode.EpisodeRun` (:mod:`vime.agents.episode`);
+this module runs many at once (workers sharing a job queue, streaming, abort).
+
 Tasks are drawn ``n_samples`` times each (a GRPO group shares ``group_id``). Limits end
 an episode visibly as ``truncated`` with the reason: ``max_turns``, ``max_model_len``
 (the per-episode token budget, prompt included), ``max_tokens`` (a turn hit the per-turn
@@ -41,24 +44,22 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import gc
 import logging
-import time
 import uuid
-import zlib
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES, ChatTokens
-from vime.agents.policy_client import ContextLengthError, EngineUnavailableError, PolicyClient
+from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES
+from vime.agents.episode import EnvFactory, EpisodeContext, EpisodeRun
+from vime.agents.policy_client import EngineUnavailableError, PolicyClient
 from vime.agents.progress import CollectProgress
-from vime.agents.tool_parsers import PARSERS, get_parser, parse_error_message
+from vime.agents.tool_parsers import PARSERS, get_parser
 from vime.config import require, require_choice
-from vime.errors import EngineError, EnvError, TemplateError
-from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn
+from vime.errors import EnvError
+from vime.types import Episode, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +78,6 @@ def _gc_release() -> None:
     _GC_HOLDS -= 1
     if _GC_HOLDS == 0:
         gc.unfreeze()  # back to normal collection (nothing stays pinned after a run)
-
-
-EnvFactory = Callable[[], Any]
-"""Builds one fresh env (a :class:`vime.envs.Env`); called once per episode."""
 
 
 @dataclass
@@ -129,15 +126,6 @@ class CollectorConfig:
         require_choice(
             self.on_template_mismatch, "collector.on_template_mismatch", TEMPLATE_MISMATCH_MODES
         )
-
-
-class _EpisodeEnd(Exception):
-    """Internal: ends an episode with a status and reason."""
-
-    def __init__(self, status: EpisodeStatus, reason: str) -> None:
-        super().__init__(reason)
-        self.status = status
-        self.reason = reason
 
 
 class Collector:
@@ -295,269 +283,28 @@ class Collector:
             engine_len = None
         self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
 
-    async def _env_call(self, what: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """``fn(*args)`` in the env thread pool, with the timeout; any failure is an EnvError.
-
-        ``what`` names the env method in messages (``"step"``).
-        """
-        loop = asyncio.get_running_loop()
-        future = loop.run_in_executor(self._pool, fn, *args)
-        try:
-            return await asyncio.wait_for(future, self.config.env_timeout_s)
-        except TimeoutError:
-            # The thread cannot be killed; it finishes on its own and its result is dropped.
-            raise _EpisodeEnd(
-                EpisodeStatus.ERROR,
-                f"env {what}() timed out after {self.config.env_timeout_s}s "
-                "(raise collector.env_timeout_s, or make the env faster)",
-            ) from None
-        except EnvError:
-            raise
-        except Exception as err:  # an env not built by vime.make raises raw exceptions
-            raise EnvError(f"{what}() raised {type(err).__name__}: {err}") from err
-
-    def _seed(self, task_id: str, index: int, turn: int) -> int | None:
-        if self.config.seed is None:
-            return None
-        return zlib.crc32(f"{self.config.seed}:{task_id}:{index}:{turn}".encode())
-
     async def _run_episode(
         self, task: dict[str, Any], index: int, group: str, factory: EnvFactory
     ) -> Episode:
+        """One episode, as in the module docstring (its steps: :mod:`vime.agents.episode`)."""
+        run = EpisodeRun(self._context(), task, index, group, factory)
+        ending = await run.start()
+        while ending is None:
+            ending = await run.turn()
+        return await run.finish(ending)
+
+    def _context(self) -> EpisodeContext:
+        """What the next episode shares with this collector (read when it starts)."""
         cfg = self.config
-        task_id = str(task["id"])
-        uid = uuid.uuid4().hex
-        t_start = time.perf_counter()
-        timings = {"reset_s": 0.0, "generate_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
-        turns: list[Turn] = []
-        leftover: list[Message] = []  # env messages after the last turn (not tokenized)
-        env_metrics: dict[str, float] | None = None  # set once the env is closed
-        env: Any = None
-        env_id = ""
-        chat: ChatTokens | None = None
-        reward = 0.0
-        status, reason = EpisodeStatus.TRUNCATED, "max_turns"
-        budget = self._budget or cfg.max_model_len
-        server = ""
-        try:
-            # Build + reset in one trip to the thread pool (each trip costs a thread wake-up).
-            box: list[Any] = []
-            try:
-                messages, timings["reset_s"] = await self._env_call(
-                    "reset", _start_env, factory, box, self._seed(task_id, index, -1), task
-                )
-            finally:
-                env = box[0] if box else None
-            env_id = str(getattr(env, "env_id", "") or type(env).__name__)
-            t0 = time.perf_counter()
-            chat = ChatTokens(
-                self.tokenizer,
-                messages,
-                tools=getattr(env, "tools", None),
-                env_id=env_id,
-                on_template_mismatch=cfg.on_template_mismatch,
-                chat_template_kwargs=cfg.chat_template_kwargs,
-            )
-            timings["tokenize_s"] += time.perf_counter() - t0
-            for turn_index in range(cfg.max_turns):
-                if self._abort.is_set():
-                    raise _EpisodeEnd(EpisodeStatus.ABORTED, "aborted by the caller")
-                room = budget - len(chat.tokens)
-                if room <= 0:
-                    raise _EpisodeEnd(EpisodeStatus.TRUNCATED, "max_model_len")
-                max_tokens = min(cfg.sampling.max_tokens, room)
-                params = cfg.sampling
-                seed = self._seed(task_id, index, turn_index)
-                if seed is not None:
-                    params = dataclasses.replace(params, seed=seed)
-                t0 = time.perf_counter()
-                try:
-                    out = await self.client.generate(
-                        chat.tokens, params, session=uid, max_tokens=max_tokens
-                    )
-                except ContextLengthError as err:
-                    raise _EpisodeEnd(EpisodeStatus.TRUNCATED, f"context_length: {err}") from err
-                timings["generate_s"] += time.perf_counter() - t0
-                server = out.server
-                t0 = time.perf_counter()
-                text = chat.add_sampled(out.token_ids, out.logprobs, out.weight_version)
-                action = self.parser(text)
-                timings["tokenize_s"] += time.perf_counter() - t0
-                turn = Turn(
-                    prompt_tokens=len(chat.tokens) - out.num_tokens,
-                    completion_tokens=out.num_tokens,
-                    finish_reason=out.finish_reason,
-                    weight_version=out.weight_version,
-                    latency_s=out.latency_s,
-                    num_tool_calls=len(action.tool_calls),
-                    num_parse_errors=len(action.parse_errors),
-                )
-                turns.append(turn)
-                if out.finish_reason == "abort":
-                    raise _EpisodeEnd(EpisodeStatus.ABORTED, "the engine aborted the request")
-                cut = out.finish_reason == "length" and cfg.truncate_on_max_tokens
-                closing = cut or turn_index == cfg.max_turns - 1
-                step, env_metrics = await self._step(env, action, turn, closing)
-                new, step_reward, terminated, truncated, info = step
-                timings["env_s"] += turn.env_step_s
-                reward += step_reward
-                leftover = [dict(m) for m in new]
-                if terminated:
-                    status, reason = EpisodeStatus.COMPLETED, ""
-                    break
-                if truncated:
-                    why = info.get("truncated_by", "") if isinstance(info, dict) else ""
-                    status, reason = EpisodeStatus.TRUNCATED, str(why or "env")
-                    break
-                if out.finish_reason == "length" and cfg.truncate_on_max_tokens:
-                    hit_budget = max_tokens < cfg.sampling.max_tokens
-                    status = EpisodeStatus.TRUNCATED
-                    reason = "max_model_len" if hit_budget else "max_tokens"
-                    break
-                if turn_index == cfg.max_turns - 1:
-                    break  # out of turns: no point tokenizing an observation nobody answers
-                t0 = time.perf_counter()
-                fits = chat.add_messages(new, max_total=budget)
-                timings["tokenize_s"] += time.perf_counter() - t0
-                if not fits:
-                    status, reason = EpisodeStatus.TRUNCATED, "max_model_len"
-                    break
-                leftover = []
-        except _EpisodeEnd as end:
-            status, reason = end.status, end.reason
-        except EngineUnavailableError as err:
-            status, reason = EpisodeStatus.ABORTED, f"engine unavailable: {err}"
-        except EngineError as err:
-            status, reason = EpisodeStatus.ERROR, f"engine error: {err}"
-        except EnvError as err:
-            status, reason = EpisodeStatus.ERROR, f"env error: {err}"
-        except TemplateError as err:
-            status, reason = EpisodeStatus.ERROR, f"template error: {err}"
-        except Exception as err:  # an env that is not wrapped by vime.make, or a bug
-            logger.exception("episode %s of task %s failed", index, task_id)
-            status, reason = EpisodeStatus.ERROR, f"{type(err).__name__}: {err}"
-        except asyncio.CancelledError:
-            # The consumer stopped (closed stream, shutdown): still release the env (a
-            # sandbox container must not leak), without waiting for it.
-            if env is not None and env_metrics is None:
-                self._pool.submit(_close_quietly, env)
-            raise
-        finally:
-            self.client.release(uid)
-        metrics: dict[str, float] = dict(env_metrics or {})
-        if env is not None:
-            env_id = env_id or str(getattr(env, "env_id", "") or type(env).__name__)
-            if env_metrics is None:  # not closed with its last step
-                metrics = await self._finish_env(env)
-        if chat is not None:
-            try:
-                chat.close()
-            except TemplateError as err:
-                if status != EpisodeStatus.ERROR:
-                    status, reason = EpisodeStatus.ERROR, f"template error: {err}"
-        timings["total_s"] = time.perf_counter() - t_start
-        metadata: dict[str, Any] = {"server": server}
-        if leftover:
-            metadata["final_messages"] = leftover
-        if chat is not None and chat.mismatches:
-            metadata["template_mismatches"] = chat.mismatches
-            metrics["template_mismatch"] = 1.0
-        metrics["turns"] = float(len(turns))
-        return Episode(
-            task_id=task_id,
-            env_id=env_id,
-            tokens=chat.tokens if chat else [],
-            loss_mask=chat.loss_mask if chat else [],
-            rollout_logprobs=chat.logprobs if chat else [],
-            weight_versions=chat.weight_versions if chat else [],
-            reward=reward if _finite(reward) else 0.0,
-            status=status,
-            reason=reason,
-            prompt_len=chat.prompt_len if chat else 0,
-            group_id=group,
-            sample_index=index,
-            turns=turns,
-            timings=timings,
-            messages=chat.messages if chat else [],
-            metrics=metrics,
-            metadata=metadata,
-            uid=uid,
+        return EpisodeContext(
+            client=self.client,
+            tokenizer=self.tokenizer,
+            settings=cfg,
+            parser=self.parser,
+            pool=self._pool,
+            abort=self._abort,
+            budget=self._budget or cfg.max_model_len,
         )
-
-    async def _step(
-        self, env: Any, action: Action, turn: Turn, closing: bool
-    ) -> tuple[tuple[list[Message], float, bool, bool, dict[str, Any]], dict[str, float] | None]:
-        """Step the env; if the episode ends here, also read its metrics and close it.
-
-        Returns the step result and the metrics (None while the env stays open). Doing the
-        end-of-episode work in the same trip to the thread pool saves one thread wake-up
-        per episode.
-        """
-        if action.parse_errors and self.config.tool_parse_errors == "observe":
-            note = {"role": "tool", "content": parse_error_message(action)}
-            return ([note], 0.0, False, False, {}), None
-        t0 = time.perf_counter()
-        result, metrics = await self._env_call("step", _step_env, env, action, closing)
-        new, reward, terminated, truncated, info = result
-        turn.env_step_s = time.perf_counter() - t0
-        turn.reward = float(reward)
-        step = (list(new or []), float(reward), bool(terminated), bool(truncated), info or {})
-        return step, metrics
-
-    async def _finish_env(self, env: Any) -> dict[str, float]:
-        """Read the env's metrics and close it (one thread trip); neither may fail the episode."""
-        try:
-            return dict(await self._env_call("close", _finish_env, env))
-        except (_EpisodeEnd, EnvError) as err:
-            logger.warning("env episode_metrics()/close() failed: %s", err)
-            return {}
-
-
-def _start_env(
-    factory: EnvFactory, box: list[Any], seed: int | None, task: dict[str, Any]
-) -> tuple[list[Message], float]:
-    """(In a pool thread.) Build an env, put it in ``box``, reset it; return (messages, seconds)."""
-    env = factory()
-    box.append(env)  # the caller closes it even if reset fails
-    t0 = time.perf_counter()
-    messages, _info = env.reset(seed=seed, options={"task": task})
-    return messages, time.perf_counter() - t0
-
-
-def _step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, float] | None]:
-    """(In a pool thread.) ``env.step``; then, if the episode is over, metrics and close."""
-    result = env.step(action)
-    if not (closing or result[2] or result[3]):
-        return result, None
-    try:
-        return result, _finish_env(env)
-    except Exception as err:  # the step's result must not be lost to a failing close()
-        logger.warning("env close() failed: %s", err)
-        return result, {}
-
-
-def _close_quietly(env: Any) -> None:
-    """(In a pool thread.) Close an env whose episode was cancelled."""
-    try:
-        env.close()
-    except Exception as err:
-        logger.warning("env close() after cancellation failed: %s", err)
-
-
-def _finish_env(env: Any) -> dict[str, float]:
-    """(In a pool thread.) The env's episode metrics, then close it."""
-    metrics: dict[str, float] = {}
-    try:
-        got = env.episode_metrics() if hasattr(env, "episode_metrics") else {}
-        metrics = {str(k): float(v) for k, v in (got or {}).items()}
-    except Exception as err:
-        logger.warning("episode_metrics() failed: %s", err)
-    env.close()
-    return metrics
-
-
-def _finite(x: float) -> bool:
-    return x == x and x not in (float("inf"), float("-inf"))
 
 
 def _check_task(task: Any) -> None:
