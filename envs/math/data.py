@@ -1,7 +1,7 @@
 r"""Math tasks: a graded arithmetic suite (generated from a seed) and a GSM8K/MATH JSONL loader.
 
 Every task is ``{"id", "question", "answer", ...}`` with ``answer`` the bare final answer
-(``"95"``, ``"\frac{1}{2}"``), which :mod:`envs.math.reward` compares with the model's
+(``"95"``, ``"\frac{1}{2}"``), which :mod:`vime.suites.math.reward` compares with the model's
 ``\boxed{...}``.
 
 Levels of the arithmetic suite, easiest first (a tiny model learns ``add2`` in minutes):
@@ -190,7 +190,7 @@ def write_jsonl(tasks: Sequence[Task], path: str | Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m envs.math.data --n 1000 --out tasks.jsonl [--levels add1,add2] [--seed 0]``."""
+    """``python -m vime.suites.math.data --n 1000 --out tasks.jsonl [--levels add1,add2] [--seed 0]``."""
     parser = argparse.ArgumentParser(description="write a graded arithmetic task suite as JSONL")
     parser.add_argument("--n", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)

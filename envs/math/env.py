@@ -5,7 +5,7 @@ Each episode is one question (``"What is 37+58? Answer in \boxed{}."``) and one 
 ``answer`` (numerically or symbolically, via math-verify) and 0.0 otherwise, and
 ``terminated=True``. Without a task the env draws an arithmetic question at ``level``
 from ``self.np_random``; give it GSM8K/MATH tasks through ``options["task"]``
-(see :func:`envs.math.data.load_math_jsonl`).
+(see :func:`vime.suites.math.data.load_math_jsonl`).
 
 Example:
     >>> import vime
@@ -22,12 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from envs.math.data import DEFAULT_LEVEL, LEVELS, arithmetic_task, math_task
-from envs.math.reward import score_answer
 from vime.config import require, require_choice
 from vime.envs import Env
 from vime.errors import DataError
 from vime.types import Action, Message
+
+from .data import DEFAULT_LEVEL, LEVELS, arithmetic_task, math_task
+from .reward import score_answer
 
 INSTRUCTION = "Answer in \\boxed{}."
 
@@ -37,7 +38,7 @@ class MathEnvConfig:
     """Options of :class:`MathEnv` (``vime.make("vime/Math-v0", level="mul1")``).
 
     Attributes:
-        level: the arithmetic level drawn when ``reset`` gets no task (see ``envs.math.data.LEVELS``).
+        level: the arithmetic level drawn when ``reset`` gets no task (see ``vime.suites.math.data.LEVELS``).
         instruction: appended to the question in the user message ("" for none).
         system_prompt: an optional system message ("" for none: shortest prompt for tiny models).
 

@@ -2,7 +2,7 @@
 
 Each turn the policy calls tools (``bash``, ``str_replace``, ``write_file``) that act on
 its own sandbox; ``submit()`` ends the episode. The reward is computed from the agent's
-final ``git diff`` alone (see :mod:`envs.swe.grading`): applied to a pristine copy of the
+final ``git diff`` alone (see :mod:`vime.suites.swe.grading`): applied to a pristine copy of the
 repository in a fresh container, where the hidden tests are added afterwards. A diff that
 touches test files is rejected (reward 0). Per-episode limits: the registered
 ``max_turns``, ``max_episode_seconds`` and ``max_total_output_chars`` (hitting one
@@ -25,14 +25,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.swe.grading import GradeResult, agent_diff, grade, setup_repo
-from envs.swe.tasks import SWETask, load_bundled
-from envs.swe.tools import SWE_TOOLS
 from vime.config import require
 from vime.envs.toolkit import ToolContext, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message
+
+from .grading import GradeResult, agent_diff, grade, setup_repo
+from .tasks import SWETask, load_bundled
+from .tools import SWE_TOOLS
 
 SYSTEM_PROMPT = """\
 You are a software engineer fixing an issue in the repository at {repo_dir}.

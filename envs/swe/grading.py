@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from envs.swe.tasks import SWETask
+from .tasks import SWETask
 
 GRADER_SCRIPT = Path(__file__).resolve().parent / "grader.py"
 _GRADER_DIR = "/tmp/vime_grader"

@@ -2,7 +2,7 @@
 
 All of them act on the episode's repository sandbox (``ctx.sandbox``, working folder
 ``ctx.workdir`` = the task's repository). ``submit`` is declared here and handled by
-:class:`envs.swe.env.SWEEnv` (it ends the episode and grades the diff).
+:class:`vime.suites.swe.env.SWEEnv` (it ends the episode and grades the diff).
 
 Example:
     >>> [t.name for t in SWE_TOOLS]

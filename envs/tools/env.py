@@ -27,14 +27,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from envs.tools.builtin_tools import BUILTINS
-from envs.tools.tasks import answers_match, load_tasks
 from vime.config import require
 from vime.envs.answers import extract_boxed
 from vime.envs.toolkit import Tool, ToolContext, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message, ToolCall
+
+from .builtin_tools import BUILTINS
+from .tasks import answers_match, load_tasks
 
 SYSTEM_PROMPT = (
     "Solve the task with the tools; do not guess. Files are in {workdir}. "
@@ -51,7 +52,7 @@ class ToolsConfig:
         'submit'
     """
 
-    # Built-in tools offered to the policy (names from envs.tools.builtin_tools.BUILTINS).
+    # Built-in tools offered to the policy (names from vime.suites.tools.builtin_tools.BUILTINS).
     tools: list[str] = field(
         default_factory=lambda: ["calculator", "python", "read_file", "write_file", "submit"]
     )

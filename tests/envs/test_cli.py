@@ -21,10 +21,10 @@ def test_envs_lists_ids_entry_points_and_limits(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0].split() == ["id", "entry_point", "max_turns", "defaults"]
     assert any(
-        line.split()[:3] == ["vime/Math-v0", "envs.math.env:MathEnv", "1"]
+        line.split()[:3] == ["vime/Math-v0", "vime.suites.math.env:MathEnv", "1"]
         for line in out.splitlines()
     )
-    assert "envs.swe.env:SWEEnv" in out
+    assert "vime.suites.swe.env:SWEEnv" in out
 
 
 def test_check_env_passes_on_math(capsys):
@@ -40,6 +40,6 @@ def test_check_env_fails_with_exit_1(capsys):
 
 
 def test_check_env_on_missing_module_fails_clearly(capsys):
-    register("test/NoModule-v0", entry_point="envs.not_written.env:Nope")
+    register("test/NoModule-v0", entry_point="vime.suites.not_written.env:Nope")
     assert main(["check-env", "test/NoModule-v0"]) == 1
-    assert "cannot import 'envs.not_written.env'" in capsys.readouterr().out
+    assert "cannot import 'vime.suites.not_written.env'" in capsys.readouterr().out

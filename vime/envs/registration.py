@@ -6,9 +6,12 @@ with Gymnasium, so ``gymnasium.make(id)`` works (with Gymnasium's own wrappers);
 wrapping (see :mod:`vime.envs.wrappers`). Entry points are ``"module:Class"`` strings
 (imported only when the env is made, so listing never imports env code) or callables.
 
+The bundled suites (:data:`BUNDLED`; their code is ``envs/`` in the repository, installed
+as ``vime.suites``) are registered when ``vime`` is imported.
+
 Example:
     >>> import vime
-    >>> vime.register("demo/Echo-v0", entry_point="envs.math.env:MathEnv", max_turns=1)
+    >>> vime.register("demo/Echo-v0", entry_point="vime.suites.math.env:MathEnv", max_turns=1)
     >>> vime.registry["demo/Echo-v0"].max_turns
     1
 """
@@ -110,7 +113,7 @@ def register(
         **defaults: keyword arguments passed to the entry point (``make`` can override them).
 
     Example:
-        >>> register("demo/Math-v9", entry_point="envs.math.env:MathEnv", max_turns=1, level="add1")
+        >>> register("demo/Math-v9", "vime.suites.math.env:MathEnv", max_turns=1, level="add1")
         >>> registry["demo/Math-v9"].defaults
         {'level': 'add1'}
     """
@@ -222,14 +225,28 @@ def _key(spec: EnvSpec) -> tuple[str, str, int | None, bool]:
     )
 
 
+BUNDLED: dict[str, dict[str, Any]] = {
+    "vime/Math-v0": {"entry_point": "vime.suites.math.env:MathEnv", "max_turns": 1},
+    "vime/Tools-v0": {"entry_point": "vime.suites.tools.env:ToolsEnv", "max_turns": 8},
+    "vime/SWE-v0": {
+        "entry_point": "vime.suites.swe.env:SWEEnv",
+        "max_turns": 30,
+        "nondeterministic": True,
+    },
+}
+"""The suites shipped with vime: id → :func:`register` arguments. Their code is ``envs/``
+in the repository, installed as the ``vime.suites`` package (see setup.py)."""
+
+
 def register_bundled() -> None:
-    """Register the environment suites shipped in ``envs/`` (no env code is imported).
+    """Register :data:`BUNDLED` with vime and Gymnasium (no env code is imported).
+
+    ``import vime`` calls it, so ``gymnasium.make("vime/Math-v0")`` works after it.
 
     Example:
         >>> register_bundled()
         >>> "vime/Math-v0" in registry
         True
     """
-    register("vime/Math-v0", entry_point="envs.math.env:MathEnv", max_turns=1)
-    register("vime/Tools-v0", entry_point="envs.tools.env:ToolsEnv", max_turns=8)
-    register("vime/SWE-v0", entry_point="envs.swe.env:SWEEnv", max_turns=30, nondeterministic=True)
+    for env_id, kwargs in BUNDLED.items():
+        register(env_id, **kwargs)

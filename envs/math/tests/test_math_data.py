@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from envs.math.data import LEVELS, arithmetic_suite, arithmetic_task, load_math_jsonl, main
 from vime.errors import DataError
+from vime.suites.math.data import LEVELS, arithmetic_suite, arithmetic_task, load_math_jsonl, main
 
 
 def test_suite_is_deterministic_and_correct():

@@ -7,9 +7,9 @@ import gymnasium
 import pytest
 
 import vime
-from envs.math.data import arithmetic_suite, load_math_jsonl
-from envs.math.env import MathEnv
 from vime.errors import ConfigError, EnvError
+from vime.suites.math.data import arithmetic_suite, load_math_jsonl
+from vime.suites.math.env import MathEnv
 from vime.types import Action
 
 

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from envs.math.reward import is_pathological, score_answer
 from vime.envs.answers import extract_boxed
+from vime.suites.math.reward import is_pathological, score_answer
 
 B = "\\boxed"
 CASES = [

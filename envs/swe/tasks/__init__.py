@@ -132,7 +132,7 @@ def load_bundled() -> list[dict[str, Any]]:
         >>> load_bundled()[0]["id"]
         'roman-subtractive'
     """
-    from envs.swe.tasks import data
+    from . import data
 
     records = []
     for info in sorted(pkgutil.iter_modules(data.__path__), key=lambda m: m.name):

@@ -12,9 +12,9 @@ import uuid
 import pytest
 
 import vime
-from envs.swe.grading import _parse_pytest, touched_paths
-from envs.swe.tasks import SWETask, load_bundled
 from vime.sandbox import SandboxConfig, build_base_image, build_layered_image
+from vime.suites.swe.grading import _parse_pytest, touched_paths
+from vime.suites.swe.tasks import SWETask, load_bundled
 from vime.types import Action, ToolCall
 
 ROMAN = next(t for t in load_bundled() if t["id"] == "roman-subtractive")

@@ -9,10 +9,10 @@ import docker
 import pytest
 
 import vime
-from envs.swe.env import SWEEnv
-from envs.swe.tasks import load_bundled
 from vime.envs import check_env
 from vime.sandbox import SandboxConfig
+from vime.suites.swe.env import SWEEnv
+from vime.suites.swe.tasks import load_bundled
 from vime.types import Action, ToolCall
 
 TASKS = {t["id"]: t for t in load_bundled()}

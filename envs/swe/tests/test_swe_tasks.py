@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from envs.swe.tasks import SWETask, load_bundled, load_swebench, swebench_record
 from vime.errors import DataError
+from vime.suites.swe.tasks import SWETask, load_bundled, load_swebench, swebench_record
 
 GRADER = Path(__file__).resolve().parents[1] / "grader.py"
 TASKS = load_bundled()
@@ -119,7 +119,7 @@ def test_swebench_loader(tmp_path):
 
 
 def test_env_draws_from_a_task_file(tmp_path):
-    from envs.swe.env import SWEEnv, load_task_file
+    from vime.suites.swe.env import SWEEnv, load_task_file
 
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:3]))

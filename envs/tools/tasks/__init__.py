@@ -3,7 +3,7 @@
 Each task is a dict ``{"id", "question", "answer", "files"}``: ``files`` (path → text)
 are placed in the sandbox workspace when the sandbox is first used. The bundled set in
 ``data/tasks.jsonl`` is produced by :func:`generate_tasks` (deterministic; regenerate
-with ``python -m envs.tools.tasks``). Families:
+with ``python -m vime.suites.tools.tasks``). Families:
 
 - ``mul``: exact products of big integers (calculator);
 - ``primes``: sums of primes below N (python);

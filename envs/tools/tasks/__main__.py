@@ -1,6 +1,6 @@
-"""Regenerate the bundled tasks file: ``python -m envs.tools.tasks``."""
+"""Regenerate the bundled tasks file: ``python -m vime.suites.tools.tasks``."""
 
-from envs.tools.tasks import DATA, generate_tasks, render_jsonl
+from . import DATA, generate_tasks, render_jsonl
 
 DATA.parent.mkdir(parents=True, exist_ok=True)
 DATA.write_text(render_jsonl(generate_tasks()))

@@ -6,10 +6,10 @@ from typing import Literal
 
 import pytest
 
-from envs.tools.builtin_tools import BUILTINS, calculator, evaluate
-from envs.tools.tasks import DATA, answers_match, generate_tasks, load_tasks, render_jsonl
 from vime.envs.answers import extract_boxed
 from vime.envs.toolkit import Tool, ToolContext, ToolError, Toolset, clip, tool
+from vime.suites.tools.builtin_tools import BUILTINS, calculator, evaluate
+from vime.suites.tools.tasks import DATA, answers_match, generate_tasks, load_tasks, render_jsonl
 from vime.types import ToolCall
 
 

@@ -16,9 +16,9 @@ import docker
 import pytest
 
 import vime
-from envs.tools.tasks import load_tasks
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.sandbox import SandboxConfig
+from vime.suites.tools.tasks import load_tasks
 from vime.types import EpisodeStatus, SamplingParams
 
 pytestmark = [pytest.mark.engine, pytest.mark.docker]

@@ -8,10 +8,10 @@ import docker
 import pytest
 
 import vime
-from envs.tools.env import ToolsConfig, ToolsEnv
-from envs.tools.tasks import load_tasks
 from vime.envs import check_env
 from vime.sandbox import SandboxConfig
+from vime.suites.tools.env import ToolsConfig, ToolsEnv
+from vime.suites.tools.tasks import load_tasks
 from vime.types import Action, ToolCall
 
 TASKS = {t["id"]: t for t in load_tasks()}

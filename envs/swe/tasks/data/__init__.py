@@ -9,5 +9,5 @@ Each module defines plain constants (no imports needed):
 - ``FAIL_TO_PASS`` / ``PASS_TO_PASS``: unittest ids (``tests.test_x.Class.test_y``);
 - ``SOLUTION``: the reference fix as ``(path, old, new)`` string replacements.
 
-Modules are loaded by :func:`envs.swe.tasks.load_bundled`.
+Modules are loaded by :func:`vime.suites.swe.tasks.load_bundled`.
 """
