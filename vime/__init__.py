@@ -1,30 +1,23 @@
 """vime: RL post-training of LLM agents.
 
-The names users touch most are re-exported here (imported lazily, so that
-``import vime`` and ``vime-agent --help`` stay fast).
+The names users touch most are re-exported here. Importing vime registers the bundled
+environment suites with vime and with Gymnasium, by entry-point string: no env code is
+imported until an env is made, so ``import vime`` costs about what ``import gymnasium``
+does.
 
 Example:
-    >>> import vime
-    >>> env = vime.make("vime/Math-v0")  # doctest: +SKIP
+    >>> import gymnasium, vime
+    >>> "vime/Math-v0" in gymnasium.registry and "vime/Math-v0" in vime.registry
+    True
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+# vime.envs registers the bundled suites on import (vime.envs.registration.BUNDLED): without
+# it here, gymnasium.make("vime/Math-v0") failed with NamespaceNotFound until the first
+# vime.make.
+from vime.envs import Env, check_env, make, register, registry
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "Env": "vime.envs",
-    "register": "vime.envs",
-    "make": "vime.envs",
-    "check_env": "vime.envs",
-    "registry": "vime.envs",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'vime' has no attribute {name!r}")
+__all__ = ["Env", "__version__", "check_env", "make", "register", "registry"]

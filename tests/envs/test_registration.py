@@ -9,6 +9,7 @@ import pytest
 
 import vime
 from vime.envs import Env, EpisodeGuard, make, register, registry
+from vime.envs.registration import BUNDLED
 from vime.errors import EnvCheckError, EnvError
 from vime.types import Action
 
@@ -134,10 +135,10 @@ def test_unknown_id_suggests_close_matches():
 
 
 def test_missing_module_fails_clearly():
-    register("test/Missing-v0", entry_point="envs.nowhere.env:NoEnv")
-    with pytest.raises(EnvError, match=r"cannot import 'envs\.nowhere\.env'"):
+    register("test/Missing-v0", entry_point="vime.suites.nowhere.env:NoEnv")
+    with pytest.raises(EnvError, match=r"cannot import 'vime\.suites\.nowhere\.env'"):
         make("test/Missing-v0")
-    register("test/MissingAttr-v0", entry_point="envs.math.env:NoSuchEnv")
+    register("test/MissingAttr-v0", entry_point="vime.suites.math.env:NoSuchEnv")
     with pytest.raises(EnvError, match="has no 'NoSuchEnv'"):
         make("test/MissingAttr-v0")
 
@@ -157,7 +158,7 @@ def test_register_validates_and_refuses_silent_override():
         register("test/Zero-v0", entry_point=Counter, max_turns=0)
     register("test/Counter-v0", entry_point=Counter, max_turns=5, target=3)  # same: no-op
     with pytest.raises(EnvError, match="bump the version"):
-        register("test/Counter-v0", entry_point="envs.math.env:MathEnv")
+        register("test/Counter-v0", entry_point="vime.suites.math.env:MathEnv")
     register("test/Override-v0", entry_point=Counter)
     register("test/Override-v0", entry_point=Counter, target=4, override=True)
     assert registry["test/Override-v0"].defaults == {"target": 4}
@@ -192,11 +193,29 @@ def test_module_prefix_imports_the_registering_module(tmp_path, monkeypatch):
 def test_listing_imports_no_env_code():
     code = (
         "import sys, vime.envs.cli as c; c.list_main([]); "
-        "print(sorted(m for m in sys.modules if m.startswith('envs.')))"
+        "print(sorted(m for m in sys.modules if m.startswith('vime.suites')))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert "vime/Math-v0" in out.stdout and "envs.math.env:MathEnv" in out.stdout
+    assert "vime/Math-v0" in out.stdout and "vime.suites.math.env:MathEnv" in out.stdout
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_import_vime_registers_the_bundled_suites_with_gymnasium(tmp_path):
+    """A fresh interpreter: ``import vime`` alone puts every bundled id in Gymnasium's registry."""
+    code = (
+        "import sys, gymnasium, vime\n"
+        "print(sorted(i for i in gymnasium.registry if i.startswith('vime/')))\n"
+        "print(sorted(m for m in sys.modules if m.startswith('vime.suites')))\n"
+        "print(type(gymnasium.make('vime/Math-v0').unwrapped).__name__)\n"
+    )
+    # Run outside the checkout: the suites must come from the installed vime.suites.
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path
+    )
+    ids, imported_before_make, made = out.stdout.strip().splitlines()
+    assert ids == str(sorted(BUNDLED))
+    assert imported_before_make == "[]"  # registering imports no env code
+    assert made == "MathEnv"
 
 
 class BadExtras(Counter):
