@@ -10,7 +10,7 @@ and images built without a registry.
   :func:`distribute_image` (copy an image to the other hosts).
 - ``vime-agent sandbox build-base | gc [--all | --run ID]``.
 
-Example:
+Example (the pool part is skipped as a doctest: it needs a running dockerd):
     >>> from vime.sandbox import SandboxConfig, SandboxPool
     >>> SandboxConfig().network
     False

@@ -4,7 +4,7 @@
     vime-agent sandbox gc                # remove sandboxes whose owning process is dead
     vime-agent sandbox gc --all          # remove every vime sandbox on the host(s)
 
-Example:
+Example (skipped as a doctest: --help prints usage and exits):
     >>> main(["--help"])  # doctest: +SKIP
     0
 """
@@ -49,7 +49,7 @@ def gc(
     ``vime.pid`` process is dead (or recycled). Containers made on other machines are
     left alone unless ``remove_all``; ``run_id`` limits removal to one run's containers.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> gc(remove_all=True)  # doctest: +SKIP
         ['3f2a9c0d1b7e...']
     """
@@ -89,7 +89,7 @@ def gc(
 def main(argv: list[str]) -> int:
     """Entry point of ``vime-agent sandbox``.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd and takes ~40 s):
         >>> main(["build-base"])  # doctest: +SKIP
         vime/base:f56e2cd8100d
         0

@@ -50,7 +50,7 @@ def docker_client(host: str | None = None):
     Clients are cached per host URL and are thread-safe for the calls vime makes (each
     request takes its own connection from the pool).
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> client = docker_client()  # doctest: +SKIP
         >>> client.ping()  # doctest: +SKIP
         True

@@ -20,7 +20,7 @@ How the guarantees are implemented:
 - **Files** travel through ``exec`` stdin/stdout (``cat``/``tar``): docker's archive API
   cannot write to a read-only rootfs or see tmpfs mounts.
 
-Example:
+Example (skipped as a doctest: it needs a running dockerd):
     >>> with DockerSandbox(SandboxConfig()) as sb:  # doctest: +SKIP
     ...     sb.exec("python3 -c 'print(1)'", timeout=10).stdout
     '1\\n'
@@ -109,7 +109,7 @@ class DockerSandbox:
     :class:`SandboxError` only when the container is gone or broken; ``alive`` tells
     whether it can still be used.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> sb = DockerSandbox(SandboxConfig(timeout=30))  # doctest: +SKIP
         >>> sb.write_file("/workspace/a.txt", "hi"); sb.read_file("/workspace/a.txt")  # doctest: +SKIP
         b'hi'
@@ -196,7 +196,7 @@ class DockerSandbox:
     def close(self) -> None:
         """Remove the container (force). Safe to call twice; never raises.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.close()  # doctest: +SKIP
         """
         with self._lock:
@@ -234,7 +234,7 @@ class DockerSandbox:
         and returns ``timed_out=True``; the sandbox stays usable unless the kill could not
         be confirmed, in which case it is marked dead.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.exec("echo hi >&2; exit 3", timeout=5)  # doctest: +SKIP
             ExecResult(exit_code=3, stdout='', stderr='hi\\n', timed_out=False, ...)
         """
@@ -254,7 +254,7 @@ class DockerSandbox:
     def kill_all(self) -> None:
         """Kill every process of the sandbox user (PID 1 stays). Used on timeout and reset.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.kill_all()  # doctest: +SKIP
         """
         self._check_alive()
@@ -400,7 +400,7 @@ class DockerSandbox:
     def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace ``path`` with ``data`` (str is UTF-8 encoded); parents are created.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.write_file("/workspace/x/y.bin", b"\\x00\\xff")  # doctest: +SKIP
         """
         payload = data.encode() if isinstance(data, str) else bytes(data)
@@ -410,7 +410,7 @@ class DockerSandbox:
     def read_file(self, path: str) -> bytes:
         """The exact bytes of ``path``; :class:`SandboxError` if it cannot be read.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.read_file("/workspace/x/y.bin")  # doctest: +SKIP
             b'\\x00\\xff'
         """
@@ -419,7 +419,7 @@ class DockerSandbox:
     def copy_in(self, local_dir: str | Path, remote_dir: str) -> None:
         """Copy the contents of local folder ``local_dir`` into ``remote_dir`` (created).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.copy_in("tests/data/repo", "/workspace/repo")  # doctest: +SKIP
         """
         src = Path(local_dir)
@@ -439,7 +439,7 @@ class DockerSandbox:
     def copy_out(self, remote_dir: str, local_dir: str | Path) -> None:
         """Copy the contents of ``remote_dir`` into local folder ``local_dir`` (created).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.copy_out("/workspace/repo", "/tmp/repo-after")  # doctest: +SKIP
         """
         data = self._file_op(["tar", "-c", "-C", remote_dir, "."], f"copy_out of {remote_dir!r}")
@@ -454,7 +454,7 @@ class DockerSandbox:
 
         Raises :class:`SandboxError` if the sandbox cannot be brought back to clean.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.reset()  # doctest: +SKIP
         """
         # kill(-1) from the reset script itself spares the script and PID 1; it is

@@ -130,7 +130,7 @@ def apt_mirror() -> str:
 def image_exists(tag: str, *, host: str | None = None) -> bool:
     """Whether ``tag`` is present on the docker host.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> image_exists("vime/base:nonexistent")  # doctest: +SKIP
         False
     """
@@ -151,7 +151,7 @@ def build_rootfs_tarball(recipe: BaseImageRecipe | None = None, *, log=print) ->
     Needs root, ``debootstrap`` and the Debian mirror (about 35-60 s the first time).
     The tarball is written atomically, so an interrupted build leaves no broken cache.
 
-    Example:
+    Example (skipped as a doctest: it runs debootstrap as root (~35 s)):
         >>> build_rootfs_tarball().suffix  # doctest: +SKIP
         '.tar'
     """
@@ -216,7 +216,7 @@ def build_base_image(
     Skips everything if the tag exists; otherwise imports the cached rootfs tarball
     (a few seconds) or debootstraps it first.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd and takes ~40 s the first time):
         >>> build_base_image()  # doctest: +SKIP
         'vime/base:3f2a9c0d1b7e'
     """
@@ -298,7 +298,7 @@ def build_layered_image(
     reuses its image. Put task files outside the sandbox workspace (``/task``, ``/opt``):
     every sandbox mounts a fresh, empty tmpfs there, hiding what the image holds.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> build_layered_image("vime/base:abc", {"/task/test.py": "assert True"})  # doctest: +SKIP
         'vime/layer:9d1c2b3a4f5e'
     """
@@ -349,7 +349,7 @@ def distribute_image(tag: str, hosts: Sequence[str]) -> list[str]:
     This is how a task image built on one machine reaches the other sandbox hosts
     without a registry.
 
-    Example:
+    Example (skipped as a doctest: it needs several running dockerds):
         >>> distribute_image("vime/layer:9d1c2b3a4f5e", ["unix:///a.sock", "tcp://b:2375"])  # doctest: +SKIP
         ['tcp://b:2375']
     """
@@ -380,7 +380,7 @@ def build_image_from_dockerfile(
 
     Without ``tag`` the image is tagged ``vime/dockerfile:<hash of the folder>``.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> build_image_from_dockerfile("docker/swe")  # doctest: +SKIP
         'vime/dockerfile:0a1b2c3d4e5f'
     """

@@ -11,7 +11,7 @@ From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
 pool's own threads, so ``asyncio.to_thread``'s small default executor never caps how many
 sandboxes an event loop can drive at once.
 
-Example:
+Example (skipped as a doctest: it needs a running dockerd):
     >>> with SandboxPool(SandboxConfig(), size=2) as pool:  # doctest: +SKIP
     ...     with pool.session(timeout=30) as sb:
     ...         print(sb.exec("echo hi", timeout=5).stdout)
@@ -44,7 +44,7 @@ class SandboxPool:
     ``size`` is the most sandboxes alive at once; all of them are started up front.
     ``workers`` threads start and reset sandboxes in the background.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> pool = SandboxPool(SandboxConfig(), size=4)  # doctest: +SKIP
         >>> sb = pool.acquire(timeout=60)  # doctest: +SKIP
         >>> pool.release(sb)  # doctest: +SKIP
@@ -174,7 +174,7 @@ class SandboxPool:
         Raises :class:`SandboxError` on timeout (with the last start error, if any) or
         when the pool is closed.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb = pool.acquire(timeout=30)  # doctest: +SKIP
         """
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -208,7 +208,7 @@ class SandboxPool:
         """Give ``sb`` back. With ``reset`` it is wiped in the background first; a dead
         or unresettable sandbox is removed and replaced. Never raises for a bad sandbox.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pool.release(sb)  # doctest: +SKIP
         """
         with self._cond:
@@ -235,7 +235,7 @@ class SandboxPool:
     def session(self, timeout: float | None = None, reset: bool = True) -> Iterator[DockerSandbox]:
         """``with pool.session() as sb:`` acquire, then release even on error.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> with pool.session(timeout=30) as sb:  # doctest: +SKIP
             ...     sb.exec("true", timeout=5)
         """
@@ -248,7 +248,7 @@ class SandboxPool:
     async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking call (``sb.exec`` ...) on the pool's threads from asyncio.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> res = await pool.run_async(sb.exec, "ls", timeout=5)  # doctest: +SKIP
         """
         loop = asyncio.get_running_loop()
@@ -259,7 +259,7 @@ class SandboxPool:
     async def acquire_async(self, timeout: float | None = None) -> DockerSandbox:
         """:meth:`acquire` for asyncio code.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb = await pool.acquire_async(timeout=30)  # doctest: +SKIP
         """
         return await self.run_async(self.acquire, timeout)
@@ -267,7 +267,7 @@ class SandboxPool:
     async def release_async(self, sb: DockerSandbox, reset: bool = True) -> None:
         """:meth:`release` for asyncio code (it never blocks long: the reset is queued).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> await pool.release_async(sb)  # doctest: +SKIP
         """
         self.release(sb, reset=reset)
@@ -278,7 +278,7 @@ class SandboxPool:
     ) -> AsyncIterator[DockerSandbox]:
         """``async with pool.session_async() as sb:``.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> async with pool.session_async(timeout=30) as sb:  # doctest: +SKIP
             ...     await pool.run_async(sb.exec, "true", timeout=5)
         """
@@ -291,7 +291,7 @@ class SandboxPool:
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every sandbox is started and idle (benchmarks, tests).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pool.wait_ready(60)  # doctest: +SKIP
         """
         deadline = time.monotonic() + timeout
@@ -309,7 +309,7 @@ class SandboxPool:
     def stats(self) -> dict[str, Any]:
         """Counts for metrics: idle, leased, pending, created, discarded, per host.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pool.stats()["idle"]  # doctest: +SKIP
             4
         """
@@ -327,7 +327,7 @@ class SandboxPool:
     def close(self) -> None:
         """Stop replenishing and remove every sandbox, idle or leased. Idempotent.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pool.close()  # doctest: +SKIP
         """
         with self._cond:
@@ -364,7 +364,7 @@ class ImagePools:
     At most ``max_images`` pools stay warm; past that, the least recently used pool with
     nothing leased is closed.
 
-    Example:
+    Example (skipped as a doctest: it needs a running dockerd):
         >>> pools = ImagePools(SandboxConfig(), size_per_image=2)  # doctest: +SKIP
         >>> sb = pools.acquire("vime/layer:9d1c2b3a4f5e", timeout=60)  # doctest: +SKIP
         >>> pools.release(sb); pools.close()  # doctest: +SKIP
@@ -385,7 +385,7 @@ class ImagePools:
     def pool(self, image: str) -> SandboxPool:
         """The pool of ``image`` (created and started if needed).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pools.pool("vime/base:f56e2cd8100d").stats()["idle"]  # doctest: +SKIP
             2
         """
@@ -412,7 +412,7 @@ class ImagePools:
     def acquire(self, image: str, timeout: float | None = None) -> DockerSandbox:
         """A warm sandbox of ``image``.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> sb = pools.acquire("vime/base:f56e2cd8100d", timeout=60)  # doctest: +SKIP
         """
         return self.pool(image).acquire(timeout)
@@ -420,7 +420,7 @@ class ImagePools:
     def release(self, sb: DockerSandbox, reset: bool = True) -> None:
         """Give ``sb`` back to its image's pool (closed if that pool is gone).
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pools.release(sb)  # doctest: +SKIP
         """
         with self._lock:
@@ -433,7 +433,7 @@ class ImagePools:
     def close(self) -> None:
         """Close every pool. Idempotent.
 
-        Example:
+        Example (skipped as a doctest: it needs a running dockerd):
             >>> pools.close()  # doctest: +SKIP
         """
         with self._lock:

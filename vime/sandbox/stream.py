@@ -89,7 +89,7 @@ class Demux:
 def send_stdin(raw: Any, data: bytes, deadline: float) -> bool:
     """Send ``data`` then EOF; False if the command did not take it before ``deadline``.
 
-    Example:
+    Example (skipped as a doctest: it needs a live exec socket):
         >>> send_stdin(raw_exec_socket, b"file contents", time.monotonic() + 10)  # doctest: +SKIP
         True
     """
@@ -110,7 +110,7 @@ def send_stdin(raw: Any, data: bytes, deadline: float) -> bool:
 def pump(raw: Any, demux: Demux, deadline: float) -> bool:
     """Read multiplexed frames into ``demux`` until EOF (True) or ``deadline`` (False).
 
-    Example:
+    Example (skipped as a doctest: it needs a live exec socket):
         >>> pump(raw_exec_socket, Demux(Capped(None), Capped(None)), time.monotonic() + 5)  # doctest: +SKIP
         True
     """
