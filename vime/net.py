@@ -23,3 +23,15 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def address_towards(peer: str) -> str:
+    """This machine's address on the route to ``peer`` (what ``peer`` can reach it at).
+
+    Example:
+        >>> address_towards("127.0.0.1")
+        '127.0.0.1'
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
+        return str(s.getsockname()[0])

@@ -70,18 +70,18 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
 
     samples = random_samples(6, 250, seed=7)
     cfg: dict[str, Any] = dict(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
-    tp2 = Trainer(checkpoints["qwen2"], TrainerConfig(tp=2, **cfg))
+    tp2 = Trainer(checkpoints["qwen2"], TrainerConfig(**cfg), tp=2)
     found["tp2_logprobs"] = tp2.compute_logprobs(samples)
     found["tp2_step1"] = tp2.train_step(samples)
     tp2.save_checkpoint(out / "ckpt_tp2")
     found["tp2_step2"] = tp2.train_step(samples)
 
-    dp2 = Trainer(checkpoints["qwen2"], TrainerConfig(tp=1, **cfg))  # world 2 → DP=2
+    dp2 = Trainer(checkpoints["qwen2"], TrainerConfig(**cfg), tp=1)  # world 2 → DP=2
     found["dp2_step1"] = dp2.train_step(samples)
     found["dp2_logprobs_after"] = dp2.compute_logprobs(samples)
     found["dp"] = dp2.parallel.dp
 
-    pp2 = Trainer(checkpoints["qwen2"], TrainerConfig(pp=2, **cfg))  # tied embeddings across stages
+    pp2 = Trainer(checkpoints["qwen2"], TrainerConfig(**cfg), pp=2)  # tied embeddings across stages
     exported = pp2.export_hf(out / "export_pp2")
     if rank == 0:
         assert exported is not None

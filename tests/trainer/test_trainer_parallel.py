@@ -36,7 +36,7 @@ def test_tp2_dp2_pp2_match_tp1_and_tp2_checkpoint_resumes_at_tp1(hf_checkpoints,
     assert found["export_exact"]["qwen2_pp2"]
 
     samples = random_samples(6, 250, seed=7)
-    cfg = TrainerConfig(tp=1, lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
+    cfg = TrainerConfig(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
     tp1 = Trainer(hf_checkpoints["qwen2"], cfg)
     lp = tp1.compute_logprobs(samples)
     for other in ("tp2_logprobs", "pp2_logprobs"):

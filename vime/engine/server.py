@@ -45,6 +45,28 @@ from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 from vime.net import free_port
 
+# What torchrun sets for each trainer rank (torch.distributed.run).
+TORCHRUN_VARS = frozenset(
+    {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "GROUP_RANK",
+        "GROUP_WORLD_SIZE",
+        "ROLE_RANK",
+        "ROLE_NAME",
+        "ROLE_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "TORCHELASTIC_RUN_ID",
+        "TORCHELASTIC_RESTART_COUNT",
+        "TORCHELASTIC_MAX_RESTARTS",
+        "TORCHELASTIC_USE_AGENT_STORE",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    }
+)
+
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
@@ -289,7 +311,9 @@ class VLLMServer:
     def environment(self) -> dict[str, str]:
         """The server process's environment."""
         c = self.config
-        env = dict(os.environ)
+        # A server launched from a torchrun rank must not read the trainer's world
+        # (vLLM initialises torch.distributed for its own workers).
+        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
         env.update(
             HF_HUB_OFFLINE="1",
             TRANSFORMERS_OFFLINE="1",

@@ -10,7 +10,9 @@ Groups (pick one option with ``group=option``):
 
 Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
 ``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
-(:class:`RolloutConfig`, which holds the collector's options). Any field can be set
+(:class:`RolloutConfig`, which holds the collector's options), ``placement``
+(:class:`vime.rl.placement.PlacementConfig`: trainer TP/PP, engines per node, devices,
+colocated or split, external engine URLs). Any field can be set
 with ``key=value``; a wrong key or value gives one :class:`ConfigError` naming the key
 and the nearest valid names.
 
@@ -40,6 +42,7 @@ from vime.config import field_names, require, require_choice
 from vime.engine.config import EngineConfig
 from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
+from vime.rl.placement import PlacementConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.step import TrainerConfig
 from vime.types import SamplingParams
@@ -153,6 +156,7 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
     steps: int = 40
     seed: int = 0
     run_root: str = "runs"
@@ -168,6 +172,12 @@ class TrainConfig:
         require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
         require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
         require_choice(self.sync, "sync", SYNC_METHODS)
+        require(
+            not (self.engine.url and self.placement.engine_urls),
+            "engine.url",
+            "and placement.engine_urls both name external engines; list them all in "
+            "placement.engine_urls",
+        )
         require(
             self.trainer.temperature == self.rollout.collector.sampling.temperature,
             "trainer.temperature",
@@ -229,7 +239,11 @@ def _trainer_presets() -> dict[str, dict[str, Any]]:
 def _engine_presets() -> dict[str, dict[str, Any]]:
     return {
         "cpu": {},  # float32: trainer and engine log-probs agree to ~1e-7
-        "gpu": {"engine": {"device": "cuda", "dtype": "bfloat16", "gpu_memory_utilization": 0.5}},
+        # One GPU shared by the trainer and its engine.
+        "gpu": {
+            "engine": {"device": "cuda", "dtype": "bfloat16", "gpu_memory_utilization": 0.5},
+            "placement": {"mode": "colocated"},
+        },
     }
 
 

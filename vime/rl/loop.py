@@ -38,8 +38,7 @@ import vime.envs as envs
 from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
-from vime.engine import EngineClient, VLLMServer, is_vllm_cpu
-from vime.engine.serve import serve_engine
+from vime.engine import EngineClient, is_vllm_cpu
 from vime.envs import TaskSource
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
@@ -48,10 +47,11 @@ from vime.observability.metrics import MetricsLog, plot_curves
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.evaluate import evaluate
+from vime.rl.ranks import Ranks, TrainerGroup
 from vime.rl.run_dir import RunDir, read_state, write_state
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.rl.warm_start import warm_start
-from vime.rl.weight_sync import DiskWeightSync, WeightSync
+from vime.rl.weight_sync import DiskWeightSync
 from vime.trainer.losses import grpo_advantages
 from vime.trainer.step import Trainer
 from vime.types import Episode, Sample
@@ -77,32 +77,41 @@ def train(cfg: TrainConfig) -> TrainResult:
         >>> train(load_config(["steps=2"])).last_step  # doctest: +SKIP
         2
     """
-    run = _open_run(cfg)
-    console = StepConsole(total=cfg.steps, run_dir=run.root)
-    model_dir = prepare_model(cfg, run)
-    _warn_tied_head_on_cpu(model_dir, cfg)
-    tasks = TaskSource(train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
-    held_out = eval_tasks(cfg.env)
-    trainer = Trainer(model_dir, cfg.trainer)
-    start = _restore(run, trainer, tasks)
-    metrics_log = MetricsLog(run.metrics)
+    external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
+    ranks = Ranks.start(cfg.placement, external=len(external))
+    run, model_dir = ranks.from_driver(lambda: _prepare(cfg))
+    trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
 
     with contextlib.ExitStack() as cleanup:
+        fleet = cleanup.enter_context(
+            ranks.engine_fleet(cfg.engine, model_dir, external=external, log_dir=run.logs)
+        )
+        group = TrainerGroup(trainer, ranks, fleet)
+        if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
+            group.follow()
+            return TrainResult(run.root, cfg.steps)
+        cleanup.callback(group.close)
+        console = StepConsole(total=cfg.steps, run_dir=run.root)
+        tasks = TaskSource(
+            train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
+        )
+        held_out = eval_tasks(cfg.env)
+        start = _restore(run, group, tasks)
+        metrics_log = MetricsLog(run.metrics)
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
-        server = cleanup.enter_context(serve_engine(cfg.engine, model_dir, log_dir=run.logs))
-        engine = EngineClient(server.url)
-        policy = PolicyClient.from_urls(server.url)
+        engines = [EngineClient(url) for url in fleet.urls]
+        policy = PolicyClient.from_urls(*fleet.urls)
         # The sync tells the policy client which version each engine serves (one place).
-        sync = DiskWeightSync(trainer, [engine], run.weights, policy=policy)
+        sync = DiskWeightSync(group, engines, run.weights, policy=policy)
         version = start
-        if start > 0 or cfg.engine.url:
-            # A resumed run, or an engine vime did not launch, may not serve the policy's
+        if start > 0 or external:
+            # A resumed run, or engines vime did not launch, may not serve the policy's
             # current weights: push them before the first rollout.
             sync.sync(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
         cleanup.callback(collector.close)
-        runner = _Rollouts(cfg, collector, buffer, tasks, policy, server, sync)
+        runner = _Rollouts(cfg, collector, buffer, tasks, policy, group, sync)
         cleanup.callback(runner.close)
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
@@ -114,7 +123,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             episodes, rollout_stats = runner.episodes_for(step, version)
             samples, adv_stats = make_samples(episodes, cfg, version)
             t1 = time.perf_counter()
-            train_stats = trainer.train_step(samples) if samples else {}
+            train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
             sync_stats = sync.sync(version)
@@ -124,7 +133,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 **adv_stats,
                 **{f"train/{k}": v for k, v in train_stats.items()},
                 **sync_stats,
-                "weight_version": int(engine.get_weight_version() or version),
+                "weight_version": _fleet_version(engines, version),
                 "time/rollout_s": t1 - t0,
                 "time/train_s": t2 - t1,
                 "time/sync_s": t3 - t2,
@@ -133,7 +142,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
                 row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-                _checkpoint(run, trainer, tasks, step)
+                _checkpoint(run, group, tasks, step)
             metrics_log.write(step, row)
             console.step(step, row)
             if cfg.plot:
@@ -159,15 +168,15 @@ class _Rollouts:
         buffer: DataBuffer,
         tasks: TaskSource,
         policy: PolicyClient,
-        server: VLLMServer,
-        sync: WeightSync,
+        group: TrainerGroup,
+        sync: DiskWeightSync,
     ) -> None:
         self.cfg = cfg
         self.collector = collector
         self.buffer = buffer
         self.tasks = tasks
         self.policy = policy
-        self.server = server
+        self.group = group
         self.sync = sync
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -213,8 +222,9 @@ class _Rollouts:
         else:
             episodes = self.run(self._collect(drawn))
         self.pending = None
-        if not self.server.health():
-            self._recover(version)
+        restarted = self.group.restart_dead_engines()
+        if restarted:  # back at the current weights before they take new work
+            self.sync.reload(restarted)
         self.buffer.append(episodes, step)
         if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
             # Step n+1's rollouts run while step n trains and syncs.
@@ -236,15 +246,6 @@ class _Rollouts:
 
     def _env_factory(self) -> EpisodeGuard:
         return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
-
-    def _recover(self, version: int) -> None:
-        """The engine died during collection: restart it and reload the current weights."""
-        log.warning(
-            "engine %s is down; restarting it and reloading weights v%d", self.server.url, version
-        )
-        self.server.restart()
-        if version > 0:
-            self.sync.sync(version)
 
 
 def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
@@ -337,6 +338,20 @@ def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:
         )
 
 
+def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
+    """(Rank 0.) The run folder and the HF folder the policy starts from."""
+    run = _open_run(cfg)
+    model_dir = prepare_model(cfg, run)
+    _warn_tied_head_on_cpu(model_dir, cfg)
+    return run, model_dir
+
+
+def _fleet_version(engines: list[EngineClient], version: int) -> int:
+    """The oldest weight version an engine reports (the sync checked each one)."""
+    reported = [v for v in (e.get_weight_version() for e in engines) if v is not None]
+    return min((int(v) for v in reported), default=version)
+
+
 def _open_run(cfg: TrainConfig) -> RunDir:
     if cfg.resume:
         run = RunDir.open(cfg.resume)
@@ -348,7 +363,7 @@ def _open_run(cfg: TrainConfig) -> RunDir:
     return run
 
 
-def _restore(run: RunDir, trainer: Trainer, tasks: TaskSource) -> int:
+def _restore(run: RunDir, trainer: TrainerGroup, tasks: TaskSource) -> int:
     """Load the newest checkpoint (if any); returns the step it ended."""
     ckpt = run.latest_checkpoint()
     if ckpt is None:
@@ -360,7 +375,7 @@ def _restore(run: RunDir, trainer: Trainer, tasks: TaskSource) -> int:
     return int(state["step"])
 
 
-def _checkpoint(run: RunDir, trainer: Trainer, tasks: TaskSource, step: int) -> None:
+def _checkpoint(run: RunDir, trainer: TrainerGroup, tasks: TaskSource, step: int) -> None:
     folder = run.checkpoint(step)
     folder.mkdir(parents=True, exist_ok=True)
     trainer.save_checkpoint(folder / "trainer")

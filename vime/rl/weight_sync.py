@@ -85,7 +85,8 @@ class DiskWeightSync:
         self.folder = Path(folder)
         self.attempts = attempts
         self.keep = keep
-        self.latest: Path | None = None
+        self.latest: Path | None = None  # the newest export (what a restarted engine reloads)
+        self.version = 0  # the version every engine serves after the last sync
 
     def sync(self, version: int) -> dict[str, float]:
         """Export once, load into every engine, verify; returns timings in seconds."""
@@ -100,8 +101,24 @@ class DiskWeightSync:
             if self.policy is not None:
                 self.policy.set_weight_version(engine.url, version)
         self.latest = target
+        self.version = version
         self._prune()
         return {"sync/export_s": t_export, "sync/total_s": time.perf_counter() - t0}
+
+    def reload(self, urls: Sequence[str]) -> None:
+        """Bring restarted engines back to the current version (they start on the base
+        weights, which are version 0); only then do they take new work.
+
+        Example (skipped as a doctest: it needs running engines):
+            >>> sync.reload(["http://127.0.0.1:40123"])  # doctest: +SKIP
+        """
+        for engine in self.engines:
+            if engine.url.rstrip("/") not in {u.rstrip("/") for u in urls}:
+                continue
+            if self.latest is not None:
+                self._load(engine, self.latest, self.version)
+            if self.policy is not None:
+                self.policy.set_weight_version(engine.url, self.version)
 
     def _load(self, engine: WeightTarget, path: Path, version: int) -> None:
         try:

@@ -45,6 +45,25 @@ def pack_indices(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
     return batches
 
 
+def balance_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
+    """Split sample indices over ``ranks`` data-parallel ranks with balanced token counts.
+
+    Longest first, each to the rank with the fewest tokens so far (ties: the lower rank);
+    every rank computes the same split from the same lengths. Indices stay sorted per rank.
+
+    Example:
+        >>> balance_by_tokens([9, 1, 1, 1, 8], ranks=2)
+        [[0, 3], [1, 2, 4]]
+    """
+    shares: list[list[int]] = [[] for _ in range(ranks)]
+    load = [0] * ranks
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        r = min(range(ranks), key=lambda r: (load[r], r))
+        shares[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(share) for share in shares]
+
+
 @dataclass
 class MicroBatch:
     """Padded tensors of one micro-batch. Target-aligned tensors are ``[B, S − 1]``:

@@ -140,7 +140,7 @@ def megatron_config_from_hf(
     spec = cfg if isinstance(cfg, ModelSpec) else model_spec_from_hf(cfg)
     if spec.num_kv_heads % tp != 0:
         raise UnsupportedArchitectureError(
-            f"num_key_value_heads={spec.num_kv_heads} is not divisible by trainer.tp={tp}; "
+            f"num_key_value_heads={spec.num_kv_heads} is not divisible by placement.tp={tp}; "
             "choose a tp that divides it"
         )
     return TransformerConfig(

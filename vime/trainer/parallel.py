@@ -75,7 +75,7 @@ def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
     world = dist.get_world_size()
     if tp < 1 or pp < 1 or world % (tp * pp) != 0:
         raise TrainerError(
-            f"trainer.tp={tp} × trainer.pp={pp} must divide the world size {world}; "
+            f"placement.tp={tp} × placement.pp={pp} must divide the world size {world}; "
             "change tp/pp or the number of launched processes"
         )
     if ps.model_parallel_is_initialized():

@@ -6,15 +6,16 @@ the work is done by the modules it calls: batching (packing), logprobs (chunked,
 vocab-parallel), losses (PPO / GSPO / TIS / KL / entropy), checkpoint (dist_checkpointing)
 and hf (weight mapping). The RL loop calls four methods:
 
-    trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4, warmup_steps=5))
+    trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4, warmup_steps=5), tp=1, pp=1)
     metrics = trainer.train_step(samples)           # one optimizer step
     logprobs = trainer.compute_logprobs(samples)    # e.g. for a reference model
     trainer.export_hf("runs/x/hf/step_1")           # for vLLM's reload_weights
     trainer.save_checkpoint("runs/x/ckpt/step_1")   # and load_checkpoint to resume
 
 Data parallelism: with ``world / (tp × pp) > 1`` data-parallel ranks, every rank receives
-the same list of samples and trains on its share (``samples[dp_rank::dp]``); gradients are
-summed by Megatron DDP and the loss is normalised over the whole step.
+the same list of samples and trains on its share, balanced by tokens
+(:func:`~vime.trainer.batching.balance_by_tokens`); gradients are summed by Megatron DDP
+and the loss is normalised over the whole step.
 
 Example:
     >>> cfg = TrainerConfig(lr=1e-4, micro_batch_tokens=2048)
@@ -37,7 +38,7 @@ import torch.distributed as dist
 from vime.config import require, require_choice
 from vime.errors import TrainerError
 from vime.trainer import checkpoint as ckpt
-from vime.trainer.batching import MicroBatch, collate, pack_indices
+from vime.trainer.batching import MicroBatch, balance_by_tokens, collate, pack_indices
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import token_logprobs
@@ -63,8 +64,8 @@ class TrainerConfig:
     ``sdpa`` (PyTorch's fused causal kernel; default) or ``megatron`` (megatron-core's own).
 
     Example:
-        >>> TrainerConfig(tp=2).tp
-        2
+        >>> TrainerConfig(lr=3e-4).dtype
+        'float32'
     """
 
     lr: float = 1e-5
@@ -80,8 +81,6 @@ class TrainerConfig:
     micro_batch_tokens: int = 4096
     logprob_chunk_tokens: int = 1024
     temperature: float = 1.0
-    tp: int = 1
-    pp: int = 1
     seed: int = 1234
     dtype: str = "float32"
     attention: str = "sdpa"
@@ -104,7 +103,6 @@ class TrainerConfig:
         require(
             self.temperature > 0, "trainer.temperature", "must be > 0 (the rollouts' temperature)"
         )
-        require(self.tp >= 1 and self.pp >= 1, "trainer.tp/pp", "must be >= 1")
         require_choice(self.dtype, "trainer.dtype", list(DTYPES))
         require_choice(self.attention, "trainer.attention", ATTENTION_BACKENDS)
         if isinstance(self.loss, dict):
@@ -122,13 +120,18 @@ def _finalize_grads(models: list[Any], num_tokens: Any = None, **kwargs: Any) ->
 class Trainer:
     """A Megatron policy built from an HF checkpoint, with optimizer and scheduler.
 
+    ``tp`` and ``pp`` are this run's tensor- and pipeline-parallel sizes (the RL loop takes
+    them from its placement); the rest of the world is data-parallel.
+
     Example:
         >>> trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4))  # doctest: +SKIP
         >>> trainer.train_step(samples)["loss"]                    # doctest: +SKIP
         0.0123
     """
 
-    def __init__(self, hf_folder: str | Path, config: TrainerConfig | None = None) -> None:
+    def __init__(
+        self, hf_folder: str | Path, config: TrainerConfig | None = None, *, tp: int = 1, pp: int = 1
+    ) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from transformers import AutoConfig
 
@@ -136,7 +139,7 @@ class Trainer:
         self.hf_folder = Path(hf_folder)
         if not (self.hf_folder / "config.json").exists():
             raise TrainerError(f"{self.hf_folder} has no config.json: pass an HF checkpoint folder")
-        self.parallel: ParallelInfo = init_distributed(self.config.tp, self.config.pp)
+        self.parallel: ParallelInfo = init_distributed(tp, pp)
         init_rng_tracker(self.config.seed)
         self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
         dtype = DTYPES[self.config.dtype]
@@ -215,7 +218,7 @@ class Trainer:
                 f"{len(samples)} samples for {p.dp} data-parallel ranks: pass at least one "
                 "sample per data-parallel rank"
             )
-        return list(range(p.dp_rank, len(samples), p.dp))
+        return balance_by_tokens([len(s.tokens) for s in samples], p.dp)[p.dp_rank]
 
     def _micro_batches(
         self,

@@ -1,0 +1,148 @@
+"""An engine fleet: the vLLM servers one node launched, and the URLs of the whole fleet.
+
+A node launches its engines together (each on its own devices), waits until all are
+ready, and answers for them afterwards: :meth:`EngineFleet.restart_dead` brings back any
+that died, on the same port, so URLs handed out stay valid. Engines on other nodes and
+external engines are known here only by URL; :meth:`EngineFleet.join` adds them.
+
+Example (skipped as a doctest: it starts two vLLM servers):
+    >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny", count=2) as fleet:  # doctest: +SKIP
+    ...     fleet.urls
+    ['http://127.0.0.1:40123', 'http://127.0.0.1:40125']
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from vime.engine.config import EngineConfig
+from vime.engine.server import VLLMServer
+
+log = logging.getLogger(__name__)
+
+
+class EngineFleet:
+    """The servers this process launched plus every URL of the fleet (see the module docstring).
+
+    Example:
+        >>> EngineFleet([], ["http://10.0.0.7:8000"]).urls
+        ['http://10.0.0.7:8000']
+    """
+
+    def __init__(
+        self, servers: Sequence[VLLMServer], urls: Sequence[str], *, advertise: str = ""
+    ) -> None:
+        self.servers = list(servers)
+        self.advertise = advertise  # the address other nodes reach this node's engines at
+        self.urls = [u.rstrip("/") for u in urls]
+
+    @classmethod
+    @contextlib.contextmanager
+    def launch(
+        cls,
+        config: EngineConfig,
+        model_dir: str | Path,
+        *,
+        count: int = 1,
+        devices: Sequence[Sequence[int]] = (),
+        log_dir: str | Path | None = None,
+        advertise: str = "",
+    ) -> Iterator[EngineFleet]:
+        """Start ``count`` servers on ``model_dir`` (in parallel), stop them on exit.
+
+        ``devices[i]`` are engine i's CUDA devices (its tensor-parallel size is their
+        number); empty on CPU. ``advertise`` is the host other nodes reach this node at
+        (the servers then listen on every interface); empty: this machine only.
+
+        Example (skipped as a doctest: it starts a vLLM server):
+            >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny") as f:  # doctest: +SKIP
+            ...     len(f.servers)
+            1
+        """
+        servers = [
+            VLLMServer(_engine_config(config, model_dir, i, devices, log_dir, advertise))
+            for i in range(count)
+        ]
+        try:
+            for server in servers:  # all start at once; each startup is mostly waiting
+                server.start(wait=False)
+            for server in servers:
+                server.wait_ready()
+            fleet = cls(servers, [], advertise=advertise)
+            fleet.urls = fleet.local_urls()
+            yield fleet
+        finally:
+            for server in servers:
+                server.stop()
+
+    def local_urls(self) -> list[str]:
+        """The URLs of the servers launched here, as other nodes reach them.
+
+        Example:
+            >>> EngineFleet([], []).local_urls()
+            []
+        """
+        if not self.advertise:
+            return [s.url for s in self.servers]
+        return [f"http://{self.advertise}:{s.port}" for s in self.servers]
+
+    def join(self, urls: Sequence[str]) -> None:
+        """Make ``urls`` (other nodes' engines, external engines) part of the fleet.
+
+        Example:
+            >>> f = EngineFleet([], ["http://a:1"]); f.join(["http://b:2/", "http://a:1"]); f.urls
+            ['http://a:1', 'http://b:2']
+        """
+        for url in urls:
+            url = url.rstrip("/")
+            if url not in self.urls:
+                self.urls.append(url)
+
+    def restart_dead(self) -> list[str]:
+        """Restart the servers launched here that stopped answering; returns their URLs.
+
+        A restarted server serves the weights it was launched with: the caller reloads
+        the current version before it takes new work.
+
+        Example:
+            >>> EngineFleet([], []).restart_dead()
+            []
+        """
+        restarted = []
+        for server, url in zip(self.servers, self.local_urls(), strict=True):
+            if server.health(timeout_s=5.0):
+                continue
+            log.warning("engine %s is down; restarting it", url)
+            server.restart()
+            restarted.append(url)
+        return restarted
+
+
+def _engine_config(
+    config: EngineConfig,
+    model_dir: str | Path,
+    index: int,
+    devices: Sequence[Sequence[int]],
+    log_dir: str | Path | None,
+    advertise: str,
+) -> EngineConfig:
+    """Engine ``index``'s config: the shared one plus its model, devices, host and log folder."""
+    env = dict(config.env)
+    extra = list(config.extra_args)
+    mine = list(devices[index]) if index < len(devices) else []
+    if mine:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in mine)
+        if len(mine) > 1:
+            extra += ["--tensor-parallel-size", str(len(mine))]
+    return dataclasses.replace(
+        config,
+        model=str(model_dir),
+        host="0.0.0.0" if advertise else config.host,
+        env=env,
+        extra_args=extra,
+        log_dir=config.log_dir or str(log_dir or ""),  # one log per port: engines share it
+    )

@@ -1,0 +1,209 @@
+"""Trainer ranks under torchrun: global rank 0 drives the loop, every other rank follows.
+
+Every rank builds the same :class:`~vime.trainer.step.Trainer` (its construction, the train
+step, the HF export and the checkpoints are collective: TP/PP/DP ranks take part in each).
+Global rank 0 runs the RL loop with a :class:`TrainerGroup` in place of the trainer: each
+call is first broadcast (name and arguments, the step's samples included) on a gloo
+control group, then run on rank 0 too, so every rank enters the same collective in the
+same order. The other ranks run :meth:`TrainerGroup.follow` until rank 0 is done. With one
+rank nothing is broadcast and the group is just the trainer.
+
+Engines: each node's local rank 0 launches that node's engines; the URLs of all nodes are
+exchanged with one ``all_gather_object`` (torch.distributed's rendezvous store carries the
+process group), and external URLs join the same fleet. A node restarts its own engines
+when :meth:`TrainerGroup.restart_dead_engines` asks.
+
+Example (skipped as a doctest: it needs a built trainer):
+    >>> ranks = Ranks.start(PlacementConfig())  # doctest: +SKIP
+    >>> group = TrainerGroup(Trainer(model_dir, TrainerConfig()), ranks)  # doctest: +SKIP
+    >>> group.train_step(samples)["loss"]  # doctest: +SKIP
+    0.0123
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch.distributed as dist
+
+from vime.engine.config import EngineConfig
+from vime.engine.fleet import EngineFleet
+from vime.net import address_towards
+from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
+from vime.trainer.parallel import init_distributed
+from vime.trainer.step import Trainer
+from vime.types import Sample
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass
+class Ranks:
+    """This process's place in the run: the cluster, the checked layout, the control group.
+
+    Example:
+        >>> Ranks(Cluster(), Layout(1, 1, 1, 1, ((),)), None).is_driver
+        True
+    """
+
+    cluster: Cluster
+    layout: Layout
+    control: Any  # a gloo process group for Python objects; None with one rank
+
+    @classmethod
+    def start(cls, placement: PlacementConfig, *, external: int = 0) -> Ranks:
+        """Check the placement against what torchrun started, then join torch.distributed.
+
+        Example (skipped as a doctest: it initialises torch.distributed):
+            >>> Ranks.start(PlacementConfig()).layout.dp  # doctest: +SKIP
+            1
+        """
+        cluster = Cluster.from_env()
+        layout = check_placement(placement, cluster, external=external)
+        init_distributed(layout.tp, layout.pp)
+        control = None
+        if cluster.world_size > 1:
+            # Objects travel on gloo even when the trainer uses NCCL (no device copies).
+            control = dist.new_group(backend="gloo")
+        return cls(cluster, layout, control)
+
+    @property
+    def is_driver(self) -> bool:
+        return self.cluster.rank == 0
+
+    def from_driver(self, make: Callable[[], T]) -> T:
+        """``make()`` on rank 0, its result sent to every rank (rank 0 computes alone).
+
+        Example:
+            >>> Ranks(Cluster(), Layout(1, 1, 1, 1, ((),)), None).from_driver(lambda: 7)
+            7
+        """
+        box: list[Any] = [make() if self.is_driver else None]
+        if self.control is not None:
+            dist.broadcast_object_list(box, src=0, group=self.control)
+        return box[0]
+
+    def all_gather(self, mine: Any) -> list[Any]:
+        """Every rank's ``mine``, in rank order, on every rank.
+
+        Example:
+            >>> Ranks(Cluster(), Layout(1, 1, 1, 1, ((),)), None).all_gather(["a"])
+            [['a']]
+        """
+        if self.control is None:
+            return [mine]
+        out: list[Any] = [None] * self.cluster.world_size
+        dist.all_gather_object(out, mine, group=self.control)
+        return out
+
+    @contextlib.contextmanager
+    def engine_fleet(
+        self,
+        config: EngineConfig,
+        model_dir: str | Path,
+        *,
+        external: Sequence[str] = (),
+        log_dir: str | Path | None = None,
+    ) -> Iterator[EngineFleet]:
+        """Each node's local rank 0 launches its engines; every rank gets the fleet's URLs.
+
+        Example (skipped as a doctest: it starts vLLM):
+            >>> with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:  # doctest: +SKIP
+            ...     fleet.urls
+        """
+        launches = self.cluster.local_rank == 0 and self.layout.engines_per_node > 0
+        advertise = ""
+        if self.cluster.nodes > 1:  # other nodes must reach this node's engines
+            advertise = address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
+        with contextlib.ExitStack() as stack:
+            fleet = EngineFleet([], [])
+            if launches:
+                fleet = stack.enter_context(
+                    EngineFleet.launch(
+                        config,
+                        model_dir,
+                        count=self.layout.engines_per_node,
+                        devices=self.layout.engine_devices,
+                        log_dir=log_dir,
+                        advertise=advertise,
+                    )
+                )
+            everyone = self.all_gather(fleet.local_urls())
+            fleet.urls = []
+            for urls in everyone:
+                fleet.join(urls)
+            fleet.join(external)
+            yield fleet
+
+
+class TrainerGroup:
+    """The trainer on every rank, called from rank 0 (see the module docstring).
+
+    It offers the trainer methods the RL loop uses, so the loop reads the same for one
+    rank or many.
+
+    Example (skipped as a doctest: it needs a built trainer):
+        >>> TrainerGroup(trainer, ranks).export_hf("runs/x/weights/v000001")  # doctest: +SKIP
+    """
+
+    def __init__(self, trainer: Trainer, ranks: Ranks, fleet: EngineFleet | None = None) -> None:
+        self.trainer = trainer
+        self.ranks = ranks
+        self.fleet = fleet or EngineFleet([], [])
+
+    # ---- what the loop calls (on rank 0) -----------------------------------------------
+
+    def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step on every rank; each trains its token-balanced share."""
+        return self._call("train_step", list(samples))
+
+    def export_hf(self, folder: str | Path) -> Path | None:
+        """HF export (TP/PP shards gathered once; rank 0 writes)."""
+        return self._call("export_hf", str(folder))
+
+    def save_checkpoint(self, folder: str | Path) -> Path:
+        """A Megatron distributed checkpoint, written by every rank."""
+        return self._call("save_checkpoint", str(folder))
+
+    def load_checkpoint(self, folder: str | Path) -> int:
+        """Restore on every rank (at any TP/PP/DP); returns the saved step."""
+        return self._call("load_checkpoint", str(folder))
+
+    def restart_dead_engines(self) -> list[str]:
+        """Every node restarts the engines it launched that died; returns their URLs."""
+        return self._call("restart_dead_engines")
+
+    def close(self) -> None:
+        """Release the followers (they return from :meth:`follow`)."""
+        if self.ranks.control is not None:
+            dist.broadcast_object_list([("stop", ())], src=0, group=self.ranks.control)
+
+    # ---- the mechanism -------------------------------------------------------------------
+
+    def follow(self) -> None:
+        """(Ranks > 0.) Run each call rank 0 broadcasts, until it says stop."""
+        while True:
+            box: list[Any] = [None]
+            dist.broadcast_object_list(box, src=0, group=self.ranks.control)
+            name, args = box[0]
+            if name == "stop":
+                return
+            self._run(name, args)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        if self.ranks.control is not None:
+            dist.broadcast_object_list([(name, args)], src=0, group=self.ranks.control)
+        return self._run(name, args)
+
+    def _run(self, name: str, args: tuple[Any, ...]) -> Any:
+        if name == "restart_dead_engines":
+            restarted = self.fleet.restart_dead()
+            return [url for urls in self.ranks.all_gather(restarted) for url in urls]
+        return getattr(self.trainer, name)(*args)
