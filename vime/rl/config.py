@@ -63,7 +63,7 @@ class EnvConfig:
     id: str = "vime/Math-v0"
     kwargs: dict[str, Any] = field(default_factory=dict)
     tasks: TaskSourceConfig = field(default_factory=TaskSourceConfig)
-    builtin_tasks: str = "envs.math.data:arithmetic_suite"
+    builtin_tasks: str = "vime.suites.math.data:arithmetic_suite"
     # Hydra merges dict-valued fields across groups, so the default stays empty and each
     # env preset sets its own arguments.
     builtin_args: dict[str, Any] = field(default_factory=dict)
@@ -192,7 +192,7 @@ def _math_preset() -> dict[str, Any]:
     return {
         "env": EnvConfig(
             builtin_args={"n": 4096, "levels": ["add2"]},
-            demonstrations="envs.math.data:demonstration",
+            demonstrations="vime.suites.math.data:demonstration",
         )
     }
 
@@ -201,7 +201,7 @@ def _tools_preset() -> dict[str, Any]:
     # Tool schemas fill most of a 1k context: give multi-turn envs the model's full 2k.
     return {
         "env": EnvConfig(
-            id="vime/Tools-v0", builtin_tasks="envs.tools.tasks:generate_tasks", eval_size=16
+            id="vime/Tools-v0", builtin_tasks="vime.suites.tools.tasks:generate_tasks", eval_size=16
         ),
         "engine": {"max_model_len": 2048},
         "rollout": {
@@ -213,7 +213,7 @@ def _tools_preset() -> dict[str, Any]:
 def _swe_preset() -> dict[str, Any]:
     return {
         "env": EnvConfig(
-            id="vime/SWE-v0", builtin_tasks="envs.swe.tasks:load_bundled", eval_size=8
+            id="vime/SWE-v0", builtin_tasks="vime.suites.swe.tasks:load_bundled", eval_size=8
         ),
         "engine": {"max_model_len": 2048},
         "rollout": {

@@ -1,7 +1,7 @@
 """Where a run's tasks come from: a task file, or an env's bundled task generator.
 
 Example:
-    >>> tasks = builtin_tasks("envs.math.data:arithmetic_suite", {"n": 4, "levels": ["add1"]}, "")
+    >>> tasks = builtin_tasks("vime.suites.math.data:arithmetic_suite", {"n": 4, "levels": ["add1"]}, "")
     >>> len(tasks)
     4
     >>> len(eval_tasks(EnvConfig(eval_size=3)))
