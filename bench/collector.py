@@ -1,16 +1,16 @@
 """Collector throughput against raw vLLM completions, measured in one run on one server.
 
-Three kinds of run, alternated (A B C, B C A, C A B, ...) so that drift in the machine's
-load hits all of them alike:
+Four kinds of run, alternated (A B C D, B C D A, ...) so that drift in the machine's load
+hits all of them alike:
 
-- ``raw``: direct HTTP requests (httpx, no openai SDK, no vime) with exactly the options
+- ``raw``: direct HTTP requests (aiohttp, no openai SDK, no vime) with exactly the options
   vime sends: token-id prompts, sampled-token log-probs, ``return_token_ids``;
 - ``vime``: single-turn episodes through one long-lived :class:`vime.agents.Collector`, as
   the RL loop keeps one for its run (env reset/step in
   the thread pool, chat template, ChatTokens, tool parsing, Episode building, progress
   bookkeeping) on the same prompts, with the default PolicyClient;
-- ``vime_sdk``: the same with ``PolicyClient(http_transport="aiohttp")`` (every request
-  through the openai SDK's request machinery);
+- ``vime_sdk``: the same with ``PolicyClient(http_transport="sdk")`` (every request
+  through the untouched openai SDK on its own aiohttp client, ``openai.DefaultAioHttpClient``);
 - ``raw_plain``: direct HTTP without log-probs and token ids, for reference.
 
 Every request asks for exactly ``--max-tokens`` tokens (``ignore_eos``), so all runs do
@@ -166,7 +166,7 @@ async def bench(url: str, model_dir: str, args: argparse.Namespace) -> None:
         bodies.append(client.request_body(ids, sampling, args.max_tokens))
 
     kinds = ["raw", "vime", "vime_sdk", "raw_plain"]
-    sdk = PolicyClient.from_urls(url, http_transport="aiohttp")
+    sdk = PolicyClient.from_urls(url, http_transport="sdk")
     await sdk.model_name()
     tps: dict[str, list[float]] = {k: [] for k in kinds}
     client_ms: dict[str, list[float]] = {k: [] for k in kinds}  # client CPU ms / episode

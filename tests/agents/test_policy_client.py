@@ -3,7 +3,7 @@
 The happy path runs against the real vLLM server in test_collector_engine.py. Status codes
 a real server cannot be made to return on demand (503, 500) come from an in-process HTTP
 handler (httpx MockTransport) behind the real openai SDK client, so these tests use the
-SDK transport (``http_transport="aiohttp"``); the default ``direct`` transport maps the
+SDK transport (``http_transport="sdk"``); the default ``direct`` transport maps the
 same failures alike (test_transports_map_errors_alike, against a real HTTP server).
 """
 
@@ -52,7 +52,7 @@ def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
         seen.append(json.loads(request.content))
         return handler(len(seen))
 
-    config.setdefault("http_transport", "aiohttp")  # the SDK path: MockTransport sits under it
+    config.setdefault("http_transport", "sdk")  # the SDK path: MockTransport sits under it
     client = PolicyClient(
         PolicyClientConfig(
             urls=[URL],
@@ -181,11 +181,13 @@ def test_config_is_validated() -> None:
         PolicyClientConfig(urls=[])
     with pytest.raises(ConfigError, match="http://"):
         PolicyClientConfig(urls=["localhost:8000"])
+    with pytest.raises(ConfigError, match=r"policy\.http_transport"):
+        PolicyClientConfig(urls=[URL], http_transport="aiohttp")  # now "sdk"
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "direct"])
+@pytest.mark.parametrize("transport", ["sdk", "direct"])
 def test_transports_map_errors_alike(transport: str) -> None:
-    """Both aiohttp paths against a real local HTTP server scripted to fail, then succeed."""
+    """Both transports against a real local HTTP server scripted to fail, then succeed."""
     from aiohttp import web
 
     script = [
@@ -229,7 +231,7 @@ def test_transports_map_errors_alike(transport: str) -> None:
     assert len(seen) == 5 and seen[0]["prompt"] == [1, 2] and seen[0]["return_token_ids"] is True
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "direct"])
+@pytest.mark.parametrize("transport", ["sdk", "direct"])
 def test_connection_dropped_under_a_request_is_resent_at_once(transport: str) -> None:
     """A server closing the connection under a request (a keep-alive race) costs no backoff."""
     import re

@@ -1,8 +1,8 @@
 """Agents: the policy client, token-exact conversations, tool-call parsers and the collector.
 
-Example:
+Example (the collection is skipped as a doctest: it needs a running vLLM server):
     >>> from vime.agents import Collector, CollectorConfig, PolicyClient
-    >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")  # doctest: +SKIP
+    >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")
     >>> collector = Collector(client, model_dir, CollectorConfig(n_samples=4))  # doctest: +SKIP
     >>> episodes = await collector.collect(tasks, "vime/Math-v0")  # doctest: +SKIP
 """

@@ -32,12 +32,11 @@ the one sent hundreds of times a second, is posted with aiohttp, carrying the sa
 body and the SDK's headers, and failures raise the same SDK exceptions; the SDK's
 per-request machinery (options models, httpx request/response objects) is skipped,
 because with hundreds of episodes in flight on a small host its CPU is taken from the
-engine. ``"aiohttp"`` sends through the SDK end to end (its httpx client on an aiohttp
-transport, :mod:`vime.agents.http_transport`); ``"httpx"`` is the SDK untouched.
-Measured in ``bench/collector.py`` (2 cores, 256 concurrent episodes): vime / raw HTTP
-throughput 0.977 with ``direct``, 0.90-0.95 with ``aiohttp``.
+engine. ``"sdk"`` sends every request through the untouched SDK, on its own aiohttp
+client (``openai.DefaultAioHttpClient``): the reference path. Figures:
+``docs/performance.md``.
 
-Example:
+Example (skipped as a doctest: it needs a running vLLM server):
     >>> client = PolicyClient(PolicyClientConfig(urls=["http://127.0.0.1:8000"]))  # doctest: +SKIP
     >>> out = await client.generate([1, 87, 85], SamplingParams(max_tokens=8), session="ep1")  # doctest: +SKIP
     >>> len(out.token_ids) == len(out.logprobs)  # doctest: +SKIP
@@ -53,14 +52,21 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import aiohttp
 import httpx2
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
-from vime.agents import http_transport
 from vime.config import require, require_choice
 from vime.errors import EngineError
 from vime.types import SamplingParams
+
+# Idle connections are dropped after this long: below the 5 s after which vLLM's server
+# (uvicorn) closes them by default, so a request never goes out on a connection the server
+# is closing. (aiohttp's own default, 15 s, races with it.)
+KEEPALIVE_S = 4.0
+
+TRANSPORTS = ("direct", "sdk")
 
 
 class ContextLengthError(EngineError):
@@ -89,12 +95,9 @@ class PolicyClientConfig:
     backoff_max_s: float = 8.0
     down_s: float = 30.0  # how long a server that failed all retries is avoided
     max_connections: int = 2048  # per server; keep >= the collector's concurrency
-    # How completions travel (client CPU per episode at 256 concurrent, measured):
-    # "direct": the SDK's body and headers posted with aiohttp, errors raised as the SDK's
-    #   (~0.7 ms with the collector's own work; raw HTTP alone ~0.5 ms);
-    # "aiohttp": the openai SDK end to end, its httpx client sending through aiohttp (~1.05 ms);
-    # "httpx": the openai SDK with its default transport (~5 ms: httpx's pool scans all
-    #   connections on every request).
+    # How completions travel: "direct" (the SDK's body and headers posted with aiohttp,
+    # errors raised as the SDK's) or "sdk" (the openai SDK end to end on its aiohttp
+    # client; more client CPU per request, see docs/performance.md).
     http_transport: str = "direct"
     top_logprobs: int = 0  # 0: the sampled token's log-prob only
 
@@ -110,7 +113,7 @@ class PolicyClientConfig:
         require(self.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
         require(self.backoff_initial_s >= 0, "policy.backoff_initial_s", "must be >= 0")
         require(self.max_connections >= 1, "policy.max_connections", "must be >= 1")
-        require_choice(self.http_transport, "policy.http_transport", ["aiohttp", "httpx", "direct"])
+        require_choice(self.http_transport, "policy.http_transport", list(TRANSPORTS))
         require(self.top_logprobs >= 0, "policy.top_logprobs", "must be >= 0")
 
 
@@ -154,8 +157,6 @@ def _connection_dropped(err: BaseException) -> bool:
     (HTTP keep-alive races); the request is resent at once on a fresh connection instead of
     after the backoff, which is for servers that are down or failing.
     """
-    import aiohttp
-
     seen: BaseException | None = err
     while seen is not None:
         if isinstance(seen, httpx2.RemoteProtocolError | aiohttp.ServerDisconnectedError):
@@ -172,15 +173,18 @@ class PolicyClient:
     """Async client for one or more vLLM servers (see the module docstring).
 
     Example:
-        >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")  # doctest: +SKIP
-        >>> client.set_weight_version("http://127.0.0.1:8000", 7)  # doctest: +SKIP
+        >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")
+        >>> client.set_weight_version("http://127.0.0.1:8000", 7)
+        >>> client.weight_version("http://127.0.0.1:8000")
+        7
     """
 
     def __init__(self, config: PolicyClientConfig) -> None:
         self.config = config
         self.urls = [u.rstrip("/") for u in config.urls]
         self._clients: dict[str, openai.AsyncOpenAI] = {}
-        self._direct: http_transport.AiohttpTransport | None = None
+        self._session: aiohttp.ClientSession | None = None  # the direct transport's
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it belongs to
         self._headers: dict[str, dict[str, str]] = {}  # url -> the SDK's request headers
         self._versions: dict[str, int] = dict.fromkeys(self.urls, 0)
         self._sessions: dict[str, str] = {}  # session -> url
@@ -207,14 +211,14 @@ class PolicyClient:
         client = self._clients.get(url)
         if client is None:
             n = self.config.max_connections
-            if self.config.http_transport != "httpx" and http_transport.available():
-                http = httpx2.AsyncClient(
-                    transport=http_transport.AiohttpTransport(limit=n),
-                    timeout=self.config.request_timeout_s,
-                )
-            else:
-                limits = httpx2.Limits(max_connections=n, max_keepalive_connections=n)
-                http = openai.DefaultAsyncHttpxClient(limits=limits)
+            # The SDK's aiohttp client: httpx's own pool scans every pooled connection on
+            # each request, which costs milliseconds at hundreds of connections.
+            http = openai.DefaultAioHttpClient(
+                limits=httpx2.Limits(
+                    max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
+                ),
+                timeout=self.config.request_timeout_s,
+            )
             # The SDK's own retries are off: tenacity below owns the retry policy.
             client = openai.AsyncOpenAI(
                 base_url=f"{url}/v1",
@@ -225,6 +229,22 @@ class PolicyClient:
             )
             self._clients[url] = client
         return client
+
+    def _aiohttp_session(self) -> aiohttp.ClientSession:
+        """The direct transport's connection pool for the running event loop."""
+        loop = asyncio.get_running_loop()
+        session = self._session
+        if session is None or session.closed or self._loop is not loop:
+            # A session belongs to one event loop; a new asyncio.run() needs a new one.
+            n = self.config.max_connections
+            connector = aiohttp.TCPConnector(
+                limit=n, limit_per_host=n, keepalive_timeout=KEEPALIVE_S
+            )
+            session = aiohttp.ClientSession(
+                connector=connector, timeout=aiohttp.ClientTimeout(total=None)
+            )
+            self._session, self._loop = session, loop
+        return session
 
     def server_for(self, session: str) -> str:
         """The server ``session`` is pinned to (assigned on first use: least loaded, healthy).
@@ -351,7 +371,7 @@ class PolicyClient:
     ) -> Completion:
         """Sample one turn continuing ``prompt_ids`` on ``session``'s server.
 
-        Example:
+        Example (skipped as a doctest: it needs a running vLLM server):
             >>> out = await client.generate(ids, SamplingParams(max_tokens=16), session="ep1")  # doctest: +SKIP
         """
         if not self._model:
@@ -407,28 +427,24 @@ class PolicyClient:
         )
 
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self.config.http_transport == "direct" and http_transport.available():
+        if self.config.http_transport == "direct":
             return await self._post_direct(url, body)
         # The SDK's generic post with a raw response: errors still map to the SDK's
-        # exceptions, but the SDK neither walks the params (its type-driven transform costs
-        # ~10 ms for a long token-id prompt) nor builds pydantic objects for the response.
+        # exceptions, but the SDK neither walks the params (its type-driven transform is
+        # slow on a long token-id prompt) nor builds pydantic objects for the response.
         # On a small host that client CPU is taken from the engine.
         raw = await self._client(url).post("/completions", cast_to=httpx2.Response, body=body)
         return json.loads(raw.content)
 
     async def _post_direct(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST with aiohttp; failures raise the SDK's exceptions, as the SDK path does."""
-        import aiohttp
-
-        if self._direct is None:
-            self._direct = http_transport.AiohttpTransport(limit=self.config.max_connections)
         endpoint = f"{url}/v1/completions"
         headers = self._headers.get(url)
         if headers is None:
             headers = self._headers[url] = _sdk_headers(self._client(url))
         timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
         try:
-            async with self._direct.session().post(
+            async with self._aiohttp_session().post(
                 endpoint, data=json.dumps(body).encode(), headers=headers, timeout=timeout
             ) as resp:
                 status, content = resp.status, await resp.read()
@@ -452,13 +468,18 @@ class PolicyClient:
         """Close the HTTP connections.
 
         Example:
-            >>> await client.aclose()  # doctest: +SKIP
+            >>> import asyncio
+            >>> asyncio.run(PolicyClient.from_urls("http://127.0.0.1:8000").aclose())
         """
         for client in self._clients.values():
             await client.close()
         self._clients.clear()
-        if self._direct is not None:
-            await self._direct.aclose()
+        if self._session is not None and not self._session.closed:
+            try:
+                await self._session.close()
+            except RuntimeError:  # its event loop is already closed
+                pass
+        self._session = None
 
 
 def _sdk_headers(client: openai.AsyncOpenAI) -> dict[str, str]:
