@@ -9,7 +9,7 @@ Startup failures raise :class:`~vime.errors.EngineStartupError` whose first line
 cause (bad model path and port in use are detected before launching; a server that
 exits early is reported with its exit code), followed by the tail of the server's log.
 
-Example:
+Example (the server part is skipped as a doctest: it starts a vLLM server):
     >>> from vime.engine import EngineConfig, VLLMServer
     >>> with VLLMServer(EngineConfig(model="/tmp/tiny")) as server:  # doctest: +SKIP
     ...     print(server.openai_base_url)
@@ -194,7 +194,7 @@ def _strip_log_prefix(line: str) -> str:
 class VLLMServer:
     """One vLLM server: launched by vime (``config.model``) or external (``config.url``).
 
-    Example:
+    Example (skipped as a doctest: it starts a vLLM server):
         >>> server = VLLMServer(EngineConfig(model="/tmp/tiny"))  # doctest: +SKIP
         >>> server.start()                                         # doctest: +SKIP
         >>> server.health()                                        # doctest: +SKIP
@@ -216,7 +216,7 @@ class VLLMServer:
     def attach(cls, url: str, *, timeout_s: float = 30.0) -> VLLMServer:
         """Attach to a running server at ``url`` and check that it is healthy.
 
-        Example:
+        Example (skipped as a doctest: it needs a running vLLM server):
             >>> server = VLLMServer.attach("http://10.0.0.5:8000")  # doctest: +SKIP
         """
         server = cls(EngineConfig(url=url, startup_timeout_s=timeout_s))

@@ -8,7 +8,7 @@ One entry point, :func:`init_distributed`, works in three situations:
 
 gloo is used without CUDA (with the shims of :mod:`vime.trainer.compat`), NCCL with it.
 
-Example:
+Example (the call is skipped as a doctest: process groups are global state of the test process):
     >>> from vime.trainer.parallel import init_distributed, destroy_distributed
     >>> init_distributed(tp=1, pp=1)  # doctest: +SKIP
     ParallelInfo(rank=0, world_size=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0)
@@ -46,7 +46,7 @@ def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
     Calling it again with other sizes rebuilds the Megatron groups on the same world
     (e.g. a test that loads a TP=2 checkpoint at TP=1 in one process).
 
-    Example:
+    Example (skipped as a doctest: process groups are global state of the test process):
         >>> info = init_distributed()  # doctest: +SKIP
         >>> info.world_size  # doctest: +SKIP
         1
@@ -93,7 +93,7 @@ def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
 def parallel_info() -> ParallelInfo:
     """The current rank's grid coordinates (after :func:`init_distributed`).
 
-    Example:
+    Example (skipped as a doctest: it needs :func:`init_distributed` first):
         >>> parallel_info().tp  # doctest: +SKIP
         1
     """
@@ -114,7 +114,7 @@ def parallel_info() -> ParallelInfo:
 def destroy_distributed() -> None:
     """Tear down Megatron's groups and the default process group.
 
-    Example:
+    Example (skipped as a doctest: it would tear down groups other tests use):
         >>> destroy_distributed()  # doctest: +SKIP
     """
     from megatron.core import parallel_state as ps
