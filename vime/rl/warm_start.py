@@ -34,6 +34,7 @@ from transformers import AutoTokenizer
 
 import vime.envs as envs
 from vime.agents.chat_tokens import ChatTokens
+from vime.engine.server import TORCHRUN_VARS
 from vime.errors import TrainerError
 from vime.rl.config import EnvConfig, ModelConfig
 from vime.rl.console import quiet_library_warnings
@@ -90,7 +91,9 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
         "tasks_path": env.tasks.path,
         "demonstrations": env.demonstrations,
     }
-    env_vars = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    # The child is a world of its own: under torchrun it must not join the run's world.
+    env_vars = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env_vars["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
         [sys.executable, "-m", "vime.rl.warm_start", json.dumps(spec)],
         env=env_vars,
