@@ -17,13 +17,24 @@ never under-estimated).
 
 Failures: connection errors, timeouts and 5xx responses are retried with exponential
 backoff (``max_attempts``); after that the server is marked down for ``down_s`` seconds
-and :class:`EngineUnavailableError` is raised (the collector aborts that episode). 4xx
-responses are never retried: a prompt longer than the engine's context raises
+(or until :meth:`PolicyClient.set_weight_version` is called for it: the loop does that
+once it has restarted the engine and reloaded the current weights). The session then
+fails over: it moves to the best other server not marked down and the same request is
+sent there (token ids in, so nothing is redone; only the prefix cache is lost). Only
+when no other server is healthy (or the failover servers fail too) is
+:class:`EngineUnavailableError` raised; the collector then marks the episode aborted. A
+server that fails a request which already failed elsewhere is not marked down: a request
+that breaks every engine it reaches (a 5xx on a poison prompt) must not take the whole
+fleet out; its own sessions' failures mark it down if it is really gone. 4xx responses
+are never retried: a prompt longer than the engine's context raises
 :class:`ContextLengthError` (the episode is *truncated*); any other raises
 :class:`~vime.errors.EngineError`.
 
-Load: an episode (``session``) sticks to the server it was first given (prefix-cache
-reuse across its turns); new sessions go to the healthy server with the fewest sessions.
+Load: an episode (``session``) sticks to the server it was first given while that
+server is healthy (prefix-cache reuse across its turns); a new session goes to the
+healthy server with the fewest tokens in flight (prompt + ``max_tokens`` of each request
+sent and not yet answered), ties to the one with fewer sessions, then round-robin.
+:meth:`PolicyClient.stats` reports requests, failovers and tokens in flight per server.
 
 Transport: the SDK's ``AsyncOpenAI`` client is built for every server and owns the
 configuration (base URL, API key, default and auth headers), the ``/v1/models`` calls and
@@ -47,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -67,6 +79,8 @@ from vime.types import SamplingParams
 KEEPALIVE_S = 4.0
 
 TRANSPORTS = ("direct", "sdk")
+
+log = logging.getLogger(__name__)
 
 
 class ContextLengthError(EngineError):
@@ -188,7 +202,10 @@ class PolicyClient:
         self._headers: dict[str, dict[str, str]] = {}  # url -> the SDK's request headers
         self._versions: dict[str, int] = dict.fromkeys(self.urls, 0)
         self._sessions: dict[str, str] = {}  # session -> url
-        self._load: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions
+        self._pinned: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions
+        self._inflight: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> tokens
+        self._requests: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> requests sent
+        self._failovers: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions moved off
         self._down_until: dict[str, float] = dict.fromkeys(self.urls, 0.0)
         self._rr = 0
         self._model: str = config.model
@@ -247,23 +264,52 @@ class PolicyClient:
         return session
 
     def server_for(self, session: str) -> str:
-        """The server ``session`` is pinned to (assigned on first use: least loaded, healthy).
+        """The server ``session`` is pinned to (assigned on first use: fewest tokens in flight).
+
+        A session whose server is marked down moves to the best healthy server, if any.
 
         Example:
             >>> PolicyClient.from_urls("http://a:1", "http://b:1").server_for("ep1")
             'http://a:1'
         """
         url = self._sessions.get(session)
-        if url is None:
-            now = time.monotonic()
-            healthy = [u for u in self.urls if self._down_until[u] <= now] or self.urls
-            least = min(self._load[u] for u in healthy)
-            candidates = [u for u in healthy if self._load[u] == least]
-            url = candidates[self._rr % len(candidates)]
-            self._rr += 1
-            self._sessions[session] = url
-            self._load[url] += 1
+        if url is not None and self._down_until[url] <= time.monotonic():
+            return url  # the common case: pinned and healthy
+        others = self._healthy(exclude=url)
+        if url is not None:
+            # Down, but nowhere better (one server, or all down): stay, as before failover.
+            return self._move(session, url, self._best(others)) if others else url
+        url = self._best(others or self.urls)
+        self._sessions[session] = url
+        self._pinned[url] += 1
         return url
+
+    def _healthy(self, exclude: str | None = None) -> list[str]:
+        """The servers not marked down (but ``exclude``), in ``urls`` order."""
+        now = time.monotonic()
+        return [u for u in self.urls if self._down_until[u] <= now and u != exclude]
+
+    def _best(self, urls: list[str]) -> str:
+        """The least loaded of ``urls``: fewest tokens in flight, then sessions, then round-robin."""
+        load = {u: (self._inflight[u], self._pinned[u]) for u in urls}
+        least = min(load.values())
+        ties = [u for u in urls if load[u] == least]
+        url = ties[self._rr % len(ties)]
+        self._rr += 1
+        return url
+
+    def _move(self, session: str, old: str, new: str) -> str:
+        """Re-pin ``session`` from the unavailable ``old`` to ``new`` (a failover)."""
+        self._sessions[session] = new
+        self._pinned[old] -= 1
+        self._pinned[new] += 1
+        self._failovers[old] += 1
+        return new
+
+    def _mark_down(self, url: str) -> None:
+        if self._down_until[url] <= time.monotonic():  # log once per outage, not per request
+            log.warning("policy server %s unavailable; avoided for %.0f s", url, self.config.down_s)
+        self._down_until[url] = time.monotonic() + self.config.down_s
 
     def release(self, session: str) -> None:
         """Forget ``session``'s server (call when its episode ends).
@@ -273,10 +319,32 @@ class PolicyClient:
         """
         url = self._sessions.pop(session, None)
         if url is not None:
-            self._load[url] -= 1
+            self._pinned[url] -= 1
+
+    def stats(self) -> dict[str, dict[str, int | bool]]:
+        """Per-server counters: requests sent, sessions failed over away from it, tokens in
+        flight, sessions pinned, whether it is marked down, its weight version.
+
+        Example:
+            >>> PolicyClient.from_urls("http://a:1").stats()["http://a:1"]
+            {'requests': 0, 'failovers': 0, 'tokens_in_flight': 0, 'sessions': 0, 'down': False, 'weight_version': 0}
+        """
+        now = time.monotonic()
+        return {
+            u: {
+                "requests": self._requests[u],
+                "failovers": self._failovers[u],
+                "tokens_in_flight": self._inflight[u],
+                "sessions": self._pinned[u],
+                "down": self._down_until[u] > now,
+                "weight_version": self._versions[u],
+            }
+            for u in self.urls
+        }
 
     def set_weight_version(self, url: str, version: int) -> None:
-        """Record that the engine at ``url`` now serves weights ``version`` (weight sync calls this).
+        """Record that the engine at ``url`` now serves weights ``version`` (weight sync calls
+        this, also after restarting a dead engine): a server marked down takes work again.
 
         Example:
             >>> c = PolicyClient.from_urls("http://a:1"); c.set_weight_version("http://a:1", 3)
@@ -287,6 +355,8 @@ class PolicyClient:
         if url not in self._versions:
             raise EngineError(f"set_weight_version: {url!r} is not one of policy.urls {self.urls}")
         self._versions[url] = int(version)
+        # The engine just loaded (or was restarted at) the current weights: it takes work again.
+        self._down_until[url] = 0.0
 
     def set_weight_version_all(self, version: int) -> None:
         """Record ``version`` for every server (after a sync to all of them).
@@ -295,7 +365,7 @@ class PolicyClient:
             >>> PolicyClient.from_urls("http://a:1").set_weight_version_all(2)
         """
         for url in self.urls:
-            self._versions[url] = int(version)
+            self.set_weight_version(url, version)
 
     def weight_version(self, url: str) -> int:
         """The weight version last recorded for ``url``."""
@@ -369,48 +439,93 @@ class PolicyClient:
         session: str,
         max_tokens: int | None = None,
     ) -> Completion:
-        """Sample one turn continuing ``prompt_ids`` on ``session``'s server.
+        """Sample one turn continuing ``prompt_ids`` on ``session``'s server (failing over
+        to another server if that one is unavailable; see the module docstring).
 
         Example (skipped as a doctest: it needs a running vLLM server):
             >>> out = await client.generate(ids, SamplingParams(max_tokens=16), session="ep1")  # doctest: +SKIP
         """
         if not self._model:
             await self._fetch_model_card()
-        url = self.server_for(session)
-        version = self._versions[url]
         body = self.request_body(prompt_ids, params, max_tokens)
-        start = time.perf_counter()
-        attempts = 1
-        try:
+        # No await between picking the server and counting the tokens (in _send): the
+        # next session routed sees this request's load.
+        url = self.server_for(session)
+        tried: list[str] = []
+        while True:
             try:
-                data = await self._post(url, body)
-            except openai.OpenAIError as first:
-                # The tenacity machinery costs client CPU; only a failed request pays for it.
-                if not _retryable(first) or self.config.max_attempts < 2:
-                    raise
-                if not _connection_dropped(first):
-                    await asyncio.sleep(self.config.backoff_initial_s)
-                async for attempt in self._retrying():
-                    with attempt:
-                        attempts += 1
-                        data = await self._post(url, body)
+                return await self._send(url, body, len(prompt_ids), mark_down=not tried)
+            except EngineUnavailableError as err:
+                tried.append(url)
+                others = [u for u in self._healthy() if u not in tried]
+                if not others:
+                    if len(tried) == 1:
+                        raise  # nowhere to fail over to: exactly as with one server
+                    raise EngineUnavailableError(
+                        f"{err} (after failing over from {', '.join(tried[:-1])})"
+                    ) from err
+                if self._sessions.get(session) == url:
+                    url = self._move(session, url, self._best(others))
+                else:  # released under us (the episode was cancelled): route, don't re-pin
+                    url = self._best(others)
+                log.info("session %s fails over from %s to %s", session, tried[-1], url)
+
+    async def _send(
+        self, url: str, body: dict[str, Any], prompt_len: int, *, mark_down: bool
+    ) -> Completion:
+        """One request to ``url`` with retries; EngineUnavailableError (and ``url`` marked
+        down if ``mark_down``) once they are used up.
+
+        Example (skipped as a doctest: it needs a running vLLM server):
+            >>> out = await client._send(url, body, 3, mark_down=True)  # doctest: +SKIP
+        """
+        version = self._versions[url]  # the version at the start (see the module docstring)
+        cost = prompt_len + int(body.get("max_tokens") or 0)
+        self._inflight[url] += cost
+        self._requests[url] += 1
+        start = time.perf_counter()
+        tries = [1]
+        try:
+            data = await self._post_retrying(url, body, tries)
         except openai.APIStatusError as err:
             if err.status_code >= 500:
-                self._down_until[url] = time.monotonic() + self.config.down_s
+                if mark_down:
+                    self._mark_down(url)
                 raise EngineUnavailableError(
-                    f"{url}: HTTP {err.status_code} after {attempts} attempts: {_detail(err)}"
+                    f"{url}: HTTP {err.status_code} after {tries[0]} attempts: {_detail(err)}"
                 ) from err
             if err.status_code in (400, 413) and _CONTEXT_RE.search(_detail(err)):
                 raise ContextLengthError(
-                    f"{url}: prompt of {len(prompt_ids)} tokens does not fit: {_detail(err)}"
+                    f"{url}: prompt of {prompt_len} tokens does not fit: {_detail(err)}"
                 ) from err
             raise EngineError(f"{url}: HTTP {err.status_code}: {_detail(err)}") from err
         except openai.APIConnectionError as err:
-            self._down_until[url] = time.monotonic() + self.config.down_s
+            if mark_down:
+                self._mark_down(url)
             raise EngineUnavailableError(
-                f"{url}: unreachable after {attempts} attempts ({type(err).__name__}: {err})"
+                f"{url}: unreachable after {tries[0]} attempts ({type(err).__name__}: {err})"
             ) from err
-        return _parse(data, url, version, time.perf_counter() - start, attempts)
+        finally:
+            self._inflight[url] -= cost
+        return _parse(data, url, version, time.perf_counter() - start, tries[0])
+
+    async def _post_retrying(
+        self, url: str, body: dict[str, Any], tries: list[int]
+    ) -> dict[str, Any]:
+        """``_post`` with the retry policy; ``tries[0]`` counts the attempts made."""
+        try:
+            return await self._post(url, body)
+        except openai.OpenAIError as first:
+            # The tenacity machinery costs client CPU; only a failed request pays for it.
+            if not _retryable(first) or self.config.max_attempts < 2:
+                raise
+            if not _connection_dropped(first):
+                await asyncio.sleep(self.config.backoff_initial_s)
+        async for attempt in self._retrying():
+            with attempt:
+                tries[0] += 1
+                return await self._post(url, body)
+        raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _retrying(self) -> AsyncRetrying:
         """Retries after a first failure: exponential backoff with jitter, bounded tries."""
