@@ -393,9 +393,12 @@ def main(argv: list[str]) -> int:
         return 0
     quiet_library_warnings()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    logging.getLogger("vime").setLevel(logging.INFO)
+    # Rank 0 speaks for the run; the other ranks only warn.
+    rank0 = os.environ.get("RANK", "0") == "0"
+    logging.getLogger("vime").setLevel(logging.INFO if rank0 else logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = load_config(argv)
     result = train(cfg)
-    print(f"run folder: {result.run_dir}", file=sys.stderr)
+    if rank0:
+        print(f"run folder: {result.run_dir}", file=sys.stderr)
     return 0
