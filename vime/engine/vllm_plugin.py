@@ -44,7 +44,9 @@ NAME = "vime_cpu_no_spin"  # vime's entry point in the vllm.general_plugins grou
 def register() -> bool:
     """Patch vLLM's shared-memory queue reader to sleep while it waits; True if patched.
 
-    Example:
+    Example (skipped as a doctest: with ``VIME_VLLM_SPIN_SLEEP_US`` set it patches vLLM for
+    the rest of this process; the module example shows the unset case):
+        >>> os.environ["VIME_VLLM_SPIN_SLEEP_US"] = "50"  # doctest: +SKIP
         >>> register()  # doctest: +SKIP
         True
     """

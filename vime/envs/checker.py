@@ -7,8 +7,8 @@ action (default: ``Action(text="42")``) and, if given, one task.
 
 Example:
     >>> import vime
-    >>> results = check_env(vime.make("vime/Math-v0"))  # doctest: +SKIP
-    >>> all(r.ok for r in results)  # doctest: +SKIP
+    >>> results = check_env(vime.make("vime/Math-v0"))
+    >>> all(r.ok for r in results)
     True
 """
 
@@ -230,7 +230,7 @@ def run_checks(
 
     Example:
         >>> import vime
-        >>> [r.name for r in run_checks(vime.make("vime/Math-v0"))][:2]  # doctest: +SKIP
+        >>> [r.name for r in run_checks(vime.make("vime/Math-v0"))][:2]
         ['check_is_vime_env', 'check_tools']
     """
     if isinstance(action, str):
@@ -279,7 +279,7 @@ def check_env(
 
     Example:
         >>> import vime
-        >>> _ = check_env(vime.make("vime/Math-v0"), action="\\\\boxed{3}")  # doctest: +SKIP
+        >>> _ = check_env(vime.make("vime/Math-v0"), action="\\\\boxed{3}")
     """
     results = run_checks(env, action=action, task=task, seed=seed)
     failed = [r for r in results if not r.ok]

@@ -73,7 +73,11 @@ def plot_curves(
     Returns the path, or None when none of the keys has data yet.
 
     Example:
-        >>> plot_curves([{"step": 1, "reward/mean": 0.1}], "/tmp/curve.png")  # doctest: +SKIP
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     plot_curves([{"step": 1, "reward/mean": 0.1}], Path(tmp) / "curve.png").name
+        ...     plot_curves([{"step": 1, "loss": 2.0}], Path(tmp) / "none.png")  # no key: None
+        'curve.png'
     """
     import matplotlib
 

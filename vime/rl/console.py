@@ -1,8 +1,9 @@
 """Live console view of a training run: one line per step, with a running summary.
 
-Example:
-    >>> c = StepConsole(total=2, run_dir="runs/x")  # doctest: +SKIP
-    >>> c.step(1, {"reward/mean": 0.5, "time/step_s": 2.0})  # doctest: +SKIP
+Example (the console writes to stderr, which a doctest does not compare):
+    >>> c = StepConsole(total=2, run_dir="runs/x")
+    >>> c.step(1, {"reward/mean": 0.5, "rollout/sampled_tokens": 800.0, "time/rollout_s": 2.0})
+    >>> c.done()
 """
 
 from __future__ import annotations

@@ -11,8 +11,9 @@ The result is cached by content (starting model, env, steps, batch, lr, seed): a
 run reuses it. It runs in a subprocess so that the RL trainer starts from a clean
 torch.distributed / Megatron state.
 
-Example:
-    >>> folder = warm_start(tiny_dir, ModelConfig(warm_start_steps=400), EnvConfig())  # doctest: +SKIP
+Example (skipped as a doctest: it trains for hundreds of Megatron steps in a subprocess):
+    >>> model = ModelConfig(warm_start_steps=400)  # doctest: +SKIP
+    >>> folder = warm_start(tiny_dir, model, EnvConfig(), Path(".cache/warm"))  # doctest: +SKIP
 """
 
 from __future__ import annotations

@@ -53,7 +53,7 @@ def balance_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
 
     Example:
         >>> balance_by_tokens([9, 1, 1, 1, 8], ranks=2)
-        [[0, 3], [1, 2, 4]]
+        [[0, 2], [1, 3, 4]]
     """
     shares: list[list[int]] = [[] for _ in range(ranks)]
     load = [0] * ranks

@@ -6,7 +6,8 @@ also holds the LR scheduler, the step counter and the RNG states (torch CPU, CUD
 present, Python ``random``) as common (rank-0) state: vime seeds every rank identically and
 runs with dropout 0, so one RNG state is valid for any layout.
 
-Example:
+Example (skipped as a doctest: it needs a Megatron model and optimizer, built after
+:func:`vime.trainer.parallel.init_distributed`):
     >>> save_checkpoint("runs/x/ckpt/step_10", model, optimizer, scheduler, step=10)  # doctest: +SKIP
     >>> load_checkpoint("runs/x/ckpt/step_10", model, optimizer, scheduler)           # doctest: +SKIP
     10
@@ -52,7 +53,7 @@ def save_checkpoint(
 ) -> Path:
     """Save model, optimizer, scheduler, RNG and ``step`` to ``folder`` (collective).
 
-    Example:
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
         >>> save_checkpoint("ckpt/step_1", model, opt, sched, step=1)  # doctest: +SKIP
     """
     from megatron.core import dist_checkpointing
@@ -76,7 +77,7 @@ def load_checkpoint(folder: str | Path, model: Any, optimizer: Any, scheduler: A
 
     The model's TP/PP layout may differ from the one that saved. Returns the saved step.
 
-    Example:
+    Example (skipped as a doctest: it needs a Megatron model and optimizer to load into):
         >>> step = load_checkpoint("ckpt/step_1", model, opt, sched)  # doctest: +SKIP
     """
     from megatron.core import dist_checkpointing

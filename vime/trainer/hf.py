@@ -14,7 +14,8 @@ Loading reads the HF tensors on every rank and keeps this rank's slice. Export g
 slices over TP (all-gather) and the stages over PP (to global rank 0), undoes the layout,
 and writes tensors with the names and dtypes of the checkpoint it was loaded from.
 
-Example:
+Example (the calls are skipped as a doctest: they need a Megatron model, built after
+:func:`vime.trainer.parallel.init_distributed`):
     >>> from vime.trainer.hf import load_hf_weights, export_hf
     >>> load_hf_weights(model, "ckpt/hf")                  # doctest: +SKIP
     >>> export_hf(model, "out/hf", like="ckpt/hf")         # doctest: +SKIP
@@ -199,7 +200,10 @@ def read_hf_state(folder: str | Path, names: set[str] | None = None) -> dict[str
     """The tensors of an HF safetensors checkpoint (only ``names`` if given).
 
     Example:
-        >>> sd = read_hf_state("ckpt/hf", {"model.norm.weight"})  # doctest: +SKIP
+        >>> from vime.models.tiny import build_tiny_model
+        >>> sd = read_hf_state(build_tiny_model(), {"model.norm.weight"})
+        >>> {name: tuple(t.shape) for name, t in sd.items()}
+        {'model.norm.weight': (128,)}
     """
     out: dict[str, torch.Tensor] = {}
     for path in _weight_files(Path(folder)):
@@ -222,7 +226,7 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
 
     Raises :class:`TrainerError` when a tensor is missing or has the wrong shape.
 
-    Example:
+    Example (skipped as a doctest: it needs a Megatron model, see :func:`~vime.trainer.model.build_gpt_model`):
         >>> load_hf_weights(model, "ckpt/hf")  # doctest: +SKIP
     """
     from megatron.core import parallel_state as ps
@@ -267,7 +271,7 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
 
     Every rank must call it (it gathers over TP and PP).
 
-    Example:
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
         >>> sd = hf_state_dict(model)  # doctest: +SKIP
     """
     from megatron.core import parallel_state as ps
@@ -313,7 +317,7 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
     files are copied. Collective: every rank calls it; global rank 0 writes. Returns the
     folder on rank 0, ``None`` elsewhere.
 
-    Example:
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
         >>> export_hf(model, "runs/x/hf_step_10", like="ckpt/hf")  # doctest: +SKIP
         PosixPath('runs/x/hf_step_10')
     """

@@ -212,7 +212,7 @@ def policy_model_class() -> type:
     """The :class:`PolicyGPTModel` class (created lazily so importing vime stays cheap).
 
     Example:
-        >>> policy_model_class().__name__  # doctest: +SKIP
+        >>> policy_model_class().__name__
         'PolicyGPTModel'
     """
     global _POLICY_CLASS
@@ -234,7 +234,8 @@ def build_gpt_model(
     ``"sdpa"`` (PyTorch's fused causal attention, see :mod:`vime.trainer.attention`) or
     ``"megatron"`` (megatron-core's unfused ``DotProductAttention``).
 
-    Example:
+    Example (the build is skipped as a doctest: it needs
+    :func:`~vime.trainer.parallel.init_distributed`, whose process groups are global state):
         >>> from transformers import LlamaConfig
         >>> model = build_gpt_model(LlamaConfig(num_hidden_layers=1))  # doctest: +SKIP
     """

@@ -123,7 +123,8 @@ class Trainer:
     ``tp`` and ``pp`` are this run's tensor- and pipeline-parallel sizes (the RL loop takes
     them from its placement); the rest of the world is data-parallel.
 
-    Example:
+    Example (skipped as a doctest: it needs an HF checkpoint and the process groups of
+    :func:`~vime.trainer.parallel.init_distributed`, global state of the test process):
         >>> trainer = Trainer("ckpt/hf", TrainerConfig(lr=3e-4))  # doctest: +SKIP
         >>> trainer.train_step(samples)["loss"]                    # doctest: +SKIP
         0.0123
@@ -331,7 +332,7 @@ class Trainer:
         log-probs of the PPO ratio, for several updates on one batch; without them the
         step is on-policy (ratio 1, the policy's own detached log-probs).
 
-        Example:
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> m = trainer.train_step(samples)  # doctest: +SKIP
             >>> sorted(m)[:3]  # doctest: +SKIP
             ['clip_frac', 'entropy', 'grad_norm']
@@ -391,7 +392,7 @@ class Trainer:
         """Per-token log-probs of ``samples`` under the current weights (at the configured
         temperature), aligned with ``tokens``; position 0 has no prediction and gets 0.0.
 
-        Example:
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> lps = trainer.compute_logprobs(samples)  # doctest: +SKIP
             >>> len(lps[0]) == len(samples[0].tokens)  # doctest: +SKIP
             True
@@ -434,7 +435,7 @@ class Trainer:
     def save_checkpoint(self, folder: str | Path) -> Path:
         """Save model, optimizer, scheduler, RNG and step (loadable at another TP/PP).
 
-        Example:
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> trainer.save_checkpoint("runs/x/ckpt/step_3")  # doctest: +SKIP
         """
         return ckpt.save_checkpoint(
@@ -444,7 +445,7 @@ class Trainer:
     def load_checkpoint(self, folder: str | Path) -> int:
         """Restore what :meth:`save_checkpoint` wrote; returns the restored step.
 
-        Example:
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> trainer.load_checkpoint("runs/x/ckpt/step_3")  # doctest: +SKIP
             3
         """
@@ -455,7 +456,7 @@ class Trainer:
         """Write HF safetensors (names/dtypes of the input checkpoint) plus its config and
         tokenizer files to ``folder``, for vLLM's ``reload_weights``. Collective; rank 0 writes.
 
-        Example:
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> trainer.export_hf("runs/x/hf/step_3")  # doctest: +SKIP
             PosixPath('runs/x/hf/step_3')
         """

@@ -219,7 +219,14 @@ def load_swebench(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
     Keyword arguments go to :func:`swebench_record` (``image_template``, ``repo_dir``...).
 
     Example:
-        >>> tasks = load_swebench("swe_bench_lite.jsonl")  # doctest: +SKIP
+        >>> import tempfile
+        >>> rec = {"instance_id": "a__b-1", "problem_statement": "bug", "FAIL_TO_PASS": ["t.py::t"],
+        ...        "test_patch": "+++ b/t.py\\n"}
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     path = Path(tmp) / "lite.jsonl"
+        ...     _ = path.write_text(json.dumps(rec) + "\\n")
+        ...     [(t["id"], t["image"]) for t in load_swebench(path)]
+        [('a__b-1', 'sweb.eval.x86_64.a__b-1:latest')]
     """
     path = Path(path)
     if not path.exists():
