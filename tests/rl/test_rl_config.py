@@ -20,7 +20,18 @@ def test_defaults_are_the_embedded_math_run():
     ("overrides", "check"),
     [
         (["env=tools"], lambda c: c.env.id == "vime/Tools-v0" and c.engine.max_model_len == 2048),
-        (["env=swe"], lambda c: c.env.id == "vime/SWE-v0" and c.rollout.collector.max_turns == 8),
+        # Shorter training episodes go to vime.make (the env knows its last turn); the
+        # collector has no limit of its own (None: the env's).
+        (
+            ["env=swe"],
+            lambda c: (
+                c.env.id == "vime/SWE-v0"
+                and c.env.kwargs == {"max_turns": 8}
+                and c.rollout.collector.max_turns is None
+            ),
+        ),
+        (["env=tools"], lambda c: c.env.kwargs == {"max_turns": 4}),
+        (["env=math"], lambda c: c.env.kwargs == {} and c.rollout.collector.max_turns is None),
         (["trainer=gspo"], lambda c: c.trainer.loss.policy_loss == "gspo"),
         (
             ["trainer=dr_grpo"],

@@ -4,7 +4,7 @@ One episode, from the top::
 
     env = make(env_id); messages = env.reset(options={"task": task})
     chat = ChatTokens(tokenizer, messages, tools=env.tools)      # prompt ids, once
-    loop (at most max_turns):
+    loop (at most the env's turn limit):
         out = await client.generate(chat.tokens, …)              # token ids in, ids + logprobs out
         text = chat.add_sampled(out.token_ids, out.logprobs)     # verbatim, loss_mask 1
         action = parser(text)                                    # tool calls (never raises)
@@ -16,7 +16,8 @@ One episode is a :class:`~vime.agents.episode.EpisodeRun` (:mod:`vime.agents.epi
 this module runs many at once (workers sharing a job queue, streaming, abort).
 
 Tasks are drawn ``n_samples`` times each (a GRPO group shares ``group_id``). Limits end
-an episode visibly as ``truncated`` with the reason: ``max_turns``, ``max_model_len``
+an episode visibly as ``truncated`` with the reason: ``max_turns`` (the env's registered
+turn limit, as ``vime.make`` applied it; see :class:`CollectorConfig`), ``max_model_len``
 (the per-episode token budget, prompt included), ``max_tokens`` (a turn hit the per-turn
 ``sampling.max_tokens`` and the env did not end the episode), ``context_length`` (the
 engine refused the prompt), ``env`` (the env said truncated). Failures never escape:
@@ -34,7 +35,7 @@ Malformed tool calls (``Action.parse_errors``): with ``tool_parse_errors="observ
 was wrong (the env is not stepped, the turn counts); with ``"env"`` the action goes to
 the env, which answers it.
 
-Example:
+Example (skipped as a doctest: it needs a running vLLM server behind ``client``):
     >>> collector = Collector(client, tokenizer, CollectorConfig(n_samples=4))  # doctest: +SKIP
     >>> episodes = await collector.collect(tasks, "vime/Math-v0")  # doctest: +SKIP
     >>> async for ep in collector.stream(tasks, "vime/Math-v0"):  # doctest: +SKIP
@@ -87,14 +88,25 @@ class CollectorConfig:
     ``sampling.max_tokens`` is the per-turn limit; ``max_model_len`` the per-episode
     token budget (prompt + every turn + tool output), also capped by the engine's own.
 
+    Turns: an episode ends after the env's own turn limit, the one registered with
+    ``vime.register(..., max_turns=N)`` (or given to ``vime.make(..., max_turns=N)``,
+    ``env.kwargs`` in a train config). ``max_turns`` here is only an optional cap below it
+    (``None``: the env's limit). Prefer ``vime.make``'s: an env told its limit knows its
+    last turn (the SWE env grades there); a cap here ends the episode without telling it.
+    An env with no limit at all (a bare factory, or registered with ``max_turns=None``)
+    and no cap stops after :data:`~vime.agents.episode.FALLBACK_MAX_TURNS` turns, with a
+    warning naming the keys to set.
+
     Example:
         >>> CollectorConfig(n_samples=8, max_turns=4).n_samples
         8
+        >>> CollectorConfig().max_turns is None  # the env's registered limit
+        True
     """
 
     n_samples: int = 1  # episodes per task (a GRPO group)
     sampling: SamplingParams = field(default_factory=SamplingParams)
-    max_turns: int = 8
+    max_turns: int | None = None  # a cap below the env's turn limit; None = the env's
     max_model_len: int = 4096
     concurrency: int = 256  # episodes in flight
     env_timeout_s: float = 300.0  # per reset / step call
@@ -116,7 +128,11 @@ class CollectorConfig:
         if isinstance(self.sampling, dict):  # from a YAML/CLI config
             self.sampling = SamplingParams(**self.sampling)
         require(self.n_samples >= 1, "collector.n_samples", "must be >= 1")
-        require(self.max_turns >= 1, "collector.max_turns", "must be >= 1")
+        require(
+            self.max_turns is None or self.max_turns >= 1,
+            "collector.max_turns",
+            "must be >= 1, or null for the env's registered limit",
+        )
         require(self.max_model_len >= 2, "collector.max_model_len", "must be >= 2")
         require(self.concurrency >= 1, "collector.concurrency", "must be >= 1")
         require(self.env_timeout_s > 0, "collector.env_timeout_s", "must be > 0 seconds")
@@ -136,7 +152,7 @@ class Collector:
         tokenizer: a Hugging Face tokenizer (with a chat template), or a path to load one from.
         config: a :class:`CollectorConfig`.
 
-    Example:
+    Example (skipped as a doctest: it needs a running vLLM server at ``url``):
         >>> collector = Collector(PolicyClient.from_urls(url), model_dir)  # doctest: +SKIP
     """
 
@@ -164,7 +180,7 @@ class Collector:
     async def collect(self, tasks: list[dict[str, Any]], env: str | EnvFactory) -> list[Episode]:
         """Run every task ``n_samples`` times; return all episodes in task order.
 
-        Example:
+        Example (skipped as a doctest: it samples from a running vLLM server):
             >>> episodes = await collector.collect([{"id": "t1"}], "vime/Math-v0")  # doctest: +SKIP
         """
         found = [item async for item in self._iterate(tasks, env)]
@@ -178,7 +194,7 @@ class Collector:
 
         Closing the iterator early cancels the episodes still running.
 
-        Example:
+        Example (skipped as a doctest: it samples from a running vLLM server):
             >>> async for ep in collector.stream(tasks, "vime/Math-v0"):  # doctest: +SKIP
             ...     print(ep.status, ep.reward)
         """
@@ -190,7 +206,7 @@ class Collector:
     ) -> AsyncGenerator[list[Episode], None]:
         """Yield each task's group of ``n_samples`` episodes once all of them have finished.
 
-        Example:
+        Example (skipped as a doctest: it samples from a running vLLM server):
             >>> async for group in collector.stream_groups(tasks, "vime/Math-v0"):  # doctest: +SKIP
             ...     rewards = [ep.reward for ep in group]
         """
@@ -261,7 +277,7 @@ class Collector:
     def abort(self) -> None:
         """Stop: start no new episodes; running ones end as ``aborted`` after their current turn.
 
-        Example:
+        Example (skipped as a doctest: ``collector`` is collecting from a running vLLM server):
             >>> collector.abort()  # doctest: +SKIP
         """
         self._abort.set()

@@ -52,6 +52,16 @@ EnvFactory = Callable[[], Any]
 StepResult = tuple[list[Message], float, bool, bool, dict[str, Any]]
 """An env step's (messages, reward, terminated, truncated, info), normalised."""
 
+FALLBACK_MAX_TURNS = 8
+"""Turns of an episode whose env has no turn limit and no ``collector.max_turns`` cap.
+
+Every episode needs a bound (an env step may cost a sandbox call); 8 is the limit that
+``collector.max_turns`` gave every env before the registered limit became the one.
+"""
+
+# Env ids already warned about running on FALLBACK_MAX_TURNS (once per process each).
+_FALLBACK_WARNED: set[str] = set()
+
 # Exceptions that end an episode, checked in this order (subclasses first), with the
 # status and the reason prefix they give it. Anything else is a bug or a raw env error.
 _FAILURES: tuple[tuple[type[Exception], EpisodeStatus, str], ...] = (
@@ -87,7 +97,7 @@ class EpisodeSettings(Protocol):
     """
 
     sampling: SamplingParams
-    max_turns: int
+    max_turns: int | None  # a cap below the env's own turn limit; None: the env's
     env_timeout_s: float
     tool_parse_errors: str
     on_template_mismatch: str
@@ -100,7 +110,7 @@ class EpisodeSettings(Protocol):
 class EpisodeContext:
     """What an episode uses but does not own (the collector's client, pool, abort flag…).
 
-    Example (skipped: it needs a policy server and a tokenizer)::
+    Example (skipped as a doctest: it needs a policy server and a tokenizer)::
 
         >>> context = EpisodeContext(client, tok, config, get_parser("hermes"),  # doctest: +SKIP
         ...                          pool, asyncio.Event(), budget=4096)
@@ -118,7 +128,7 @@ class EpisodeContext:
 class EpisodeRun:
     """One episode's state and steps; see the module docstring for the calling pattern.
 
-    Example (skipped: it needs a policy server and an env)::
+    Example (skipped as a doctest: it needs a policy server and an env)::
 
         >>> run = EpisodeRun(context, {"id": "t1"}, 0, "t1:0a1b", factory)  # doctest: +SKIP
         >>> ending = await run.start()  # doctest: +SKIP
@@ -146,6 +156,7 @@ class EpisodeRun:
         self.env_metrics: dict[str, float] | None = None  # set once the env is closed
         self.env: Any = None
         self.env_id = ""
+        self.max_turns = FALLBACK_MAX_TURNS  # the env's turn limit, read once it is built
         self.chat: ChatTokens | None = None
         self.reward = 0.0
         self.server = ""
@@ -155,7 +166,7 @@ class EpisodeRun:
     async def start(self) -> Ending | None:
         """Build and reset the env, tokenize its opening messages; an Ending if that failed.
 
-        Example (skipped: it needs a policy server and an env):
+        Example (skipped as a doctest: it needs a policy server and an env):
             >>> ending = await run.start()  # doctest: +SKIP
         """
         return await self._guard(self._start)
@@ -163,7 +174,7 @@ class EpisodeRun:
     async def turn(self) -> Ending | None:
         """Play one turn: generate, parse, step the env, append; the Ending if it was the last.
 
-        Example (skipped: it needs a policy server and an env):
+        Example (skipped as a doctest: it needs a policy server and an env):
             >>> while (ending := await run.turn()) is None:  # doctest: +SKIP
             ...     pass
         """
@@ -172,7 +183,7 @@ class EpisodeRun:
     async def finish(self, ending: Ending) -> Episode:
         """Close the env (unless its last step did) and the chat; return the Episode.
 
-        Example (skipped: it needs a policy server and an env):
+        Example (skipped as a doctest: it needs a policy server and an env):
             >>> episode = await run.finish(ending)  # doctest: +SKIP
         """
         self.context.client.release(self.uid)  # no more turns: the client forgets the session
@@ -240,6 +251,7 @@ class EpisodeRun:
             self.env = box[0] if box else None  # built: closed even if reset failed
         self.env_id = _env_name(self.env)
         settings = self.context.settings
+        self.max_turns = _turn_limit(self.env, self.env_id, settings.max_turns)
         t0 = time.perf_counter()
         self.chat = ChatTokens(
             self.context.tokenizer,
@@ -270,7 +282,7 @@ class EpisodeRun:
         if out.finish_reason == "abort":
             raise Ending(EpisodeStatus.ABORTED, "the engine aborted the request")
         cut = out.finish_reason == "length" and settings.truncate_on_max_tokens
-        last = turn_index == settings.max_turns - 1
+        last = turn_index == self.max_turns - 1
         new, terminated, truncated, info = await self._step(action, turn, cut or last)
         if terminated:
             return Ending(EpisodeStatus.COMPLETED, "")
@@ -431,6 +443,36 @@ def _turn_record(chat: ChatTokens, out: Completion, action: Action) -> Turn:
 
 def _env_name(env: Any) -> str:
     return str(getattr(env, "env_id", "") or type(env).__name__)
+
+
+def _turn_limit(env: Any, env_id: str, cap: int | None) -> int:
+    """The episode's turn limit: the env's own, shortened by ``cap`` (``collector.max_turns``).
+
+    Example:
+        >>> import vime
+        >>> _turn_limit(vime.make("vime/Tools-v0", max_turns=5), "vime/Tools-v0", None)
+        5
+        >>> _turn_limit(vime.make("vime/Tools-v0"), "vime/Tools-v0", 3)
+        3
+    """
+    # vime.make, like gymnasium.make, records in the env's spec the limit its TurnLimit
+    # wrapper truncates at (the registered max_turns, or make's max_turns= override). The
+    # collector must stop there too: a turn it answers itself (a malformed tool call) does
+    # not step the env, so the wrapper's count can lag behind the episode's.
+    spec = getattr(getattr(env, "unwrapped", env), "spec", None)
+    own = getattr(spec, "max_episode_steps", None)
+    limits = [n for n in (own, cap) if isinstance(n, int) and n >= 1]
+    if limits:
+        return min(limits)
+    if env_id not in _FALLBACK_WARNED:
+        _FALLBACK_WARNED.add(env_id)
+        logger.warning(
+            "env %s has no turn limit: its episodes stop after %d turns; register it with "
+            "max_turns=N (or pass max_turns to vime.make), or set collector.max_turns",
+            env_id,
+            FALLBACK_MAX_TURNS,
+        )
+    return FALLBACK_MAX_TURNS
 
 
 def _finite(x: float) -> bool:

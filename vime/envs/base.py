@@ -124,18 +124,6 @@ class Env(gymnasium.Env[list[Message], Action]):
             "step(self, action) -> (new_messages, reward, terminated, truncated, info)"
         )
 
-    def turn_limit(self, own: int) -> int:
-        """The tighter of the env's ``own`` turn limit and the ``max_turns`` that
-        ``vime.make`` applies (the wrapper truncates there, so an env whose last turn must
-        clean up or grade, e.g. release a sandbox, needs to know it).
-
-        Example:
-            >>> Env().turn_limit(8)
-            8
-        """
-        made = getattr(self.spec, "max_episode_steps", None) if self.spec is not None else None
-        return min(own, made) if made else own
-
     def episode_metrics(self) -> dict[str, float]:
         """Per-episode metrics, read by the collector once the episode ends.
 

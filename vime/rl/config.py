@@ -124,7 +124,6 @@ class RolloutConfig:
         default_factory=lambda: CollectorConfig(
             n_samples=8,
             sampling=SamplingParams(temperature=1.0, max_tokens=16),
-            max_turns=1,
             max_model_len=512,
             progress=False,
         )
@@ -188,7 +187,8 @@ class TrainConfig:
 
 
 def _math_preset() -> dict[str, Any]:
-    # 2-digit addition: the task the tiny model was measured to learn (ENVIRONMENT.md).
+    # 2-digit addition: the task the tiny model was measured to learn (docs/design.md,
+    # "Can the tiny model learn on CPU?").
     return {
         "env": EnvConfig(
             builtin_args={"n": 4096, "levels": ["add2"]},
@@ -197,28 +197,33 @@ def _math_preset() -> dict[str, Any]:
     }
 
 
+# Training episodes of the multi-turn envs are shorter than their registered limits (8
+# and 30 turns) so that they fit the 2k context. The limit goes to vime.make (env.kwargs),
+# not to collector.max_turns: the env then knows its last turn (the SWE env grades there).
 def _tools_preset() -> dict[str, Any]:
     # Tool schemas fill most of a 1k context: give multi-turn envs the model's full 2k.
     return {
         "env": EnvConfig(
-            id="vime/Tools-v0", builtin_tasks="vime.suites.tools.tasks:generate_tasks", eval_size=16
+            id="vime/Tools-v0",
+            kwargs={"max_turns": 4},
+            builtin_tasks="vime.suites.tools.tasks:generate_tasks",
+            eval_size=16,
         ),
         "engine": {"max_model_len": 2048},
-        "rollout": {
-            "collector": {"max_turns": 4, "max_model_len": 2048, "sampling": {"max_tokens": 96}}
-        },
+        "rollout": {"collector": {"max_model_len": 2048, "sampling": {"max_tokens": 96}}},
     }
 
 
 def _swe_preset() -> dict[str, Any]:
     return {
         "env": EnvConfig(
-            id="vime/SWE-v0", builtin_tasks="vime.suites.swe.tasks:load_bundled", eval_size=8
+            id="vime/SWE-v0",
+            kwargs={"max_turns": 8},
+            builtin_tasks="vime.suites.swe.tasks:load_bundled",
+            eval_size=8,
         ),
         "engine": {"max_model_len": 2048},
-        "rollout": {
-            "collector": {"max_turns": 8, "max_model_len": 2048, "sampling": {"max_tokens": 128}}
-        },
+        "rollout": {"collector": {"max_model_len": 2048, "sampling": {"max_tokens": 128}}},
     }
 
 
@@ -268,7 +273,8 @@ OPTION_GROUPS: dict[str, tuple[dict[str, dict[str, Any]], str]] = {
 }
 
 # The tiny model's policy defaults (used when model=tiny): the measured recipe from
-# ENVIRONMENT.md (AdamW 3e-4, 5 warmup steps, clip 1.0, 64 prompts × 8 samples at T=1).
+# docs/design.md, "Can the tiny model learn on CPU?" (AdamW 3e-4, 5 warmup steps, clip
+# 1.0, 64 prompts × 8 samples at T=1).
 TINY_TRAINER = TrainerConfig(
     lr=3e-4,
     warmup_steps=5,
