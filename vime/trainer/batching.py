@@ -72,7 +72,9 @@ class MicroBatch:
     indices: list[int]
     input_ids: torch.Tensor  # [B, S]
     position_ids: torch.Tensor  # [B, S]
-    attention_mask: torch.Tensor  # [1, 1, S, S] bool, True = masked (Megatron convention)
+    # [1, 1, S, S] bool, True = masked (Megatron convention); None where the attention is
+    # causal by itself (vime's SDPA core attention ignores any mask).
+    attention_mask: torch.Tensor | None
     targets: torch.Tensor  # [B, S-1]
     loss_mask: torch.Tensor  # [B, S-1] float
     valid: torch.Tensor  # [B, S-1] float, 1 on real (non-pad) targets
@@ -99,11 +101,15 @@ def collate(
     *,
     old_logprobs: Sequence[Sequence[float]] | None = None,
     pad_id: int = 0,
+    causal_mask: bool = True,
 ) -> MicroBatch:
     """Build the padded :class:`MicroBatch` of ``samples[i] for i in indices``.
 
     ``old_logprobs`` (optional, one list per sample, aligned with ``tokens``) are the
     behaviour log-probs for the PPO ratio; ``Sample.ref_logprobs`` feed the KL term.
+    ``causal_mask=False`` leaves ``attention_mask`` out: building the ``S × S`` masks was
+    ~90% of the collation time (~120 ms of CPU per 4 × 4096-token step, while the GPU
+    waited), then a 16 MB copy each to the GPU, for an attention that never reads them.
 
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
@@ -130,9 +136,11 @@ def collate(
         indices=list(indices),
         input_ids=ids,
         position_ids=torch.arange(width)[None].expand(len(rows), -1).contiguous(),
-        attention_mask=torch.triu(torch.ones(width, width, dtype=torch.bool), diagonal=1)[
-            None, None
-        ],
+        attention_mask=(
+            torch.triu(torch.ones(width, width, dtype=torch.bool), diagonal=1)[None, None]
+            if causal_mask
+            else None
+        ),
         targets=ids[:, 1:].contiguous(),
         loss_mask=shifted([list(map(float, s.loss_mask)) for s in rows]),
         valid=valid,

@@ -131,7 +131,12 @@ class Trainer:
     """
 
     def __init__(
-        self, hf_folder: str | Path, config: TrainerConfig | None = None, *, tp: int = 1, pp: int = 1
+        self,
+        hf_folder: str | Path,
+        config: TrainerConfig | None = None,
+        *,
+        tp: int = 1,
+        pp: int = 1,
     ) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from transformers import AutoConfig
@@ -183,7 +188,10 @@ class Trainer:
             params_dtype=dtype,
             use_distributed_optimizer=False,
         )
-        return get_megatron_optimizer(opt_config, [self.model])
+        optimizer = get_megatron_optimizer(opt_config, [self.model])
+        if cuda_available():
+            _use_fused_adam(optimizer)
+        return optimizer
 
     def _build_scheduler(self) -> Any:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -237,9 +245,14 @@ class Trainer:
                 )
         lengths = [len(samples[i].tokens) for i in indices]
         groups = pack_indices(lengths, self.config.micro_batch_tokens)
+        # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
+        mask = self.config.attention == "megatron"
         return [
             _to_device(
-                collate(samples, [indices[j] for j in g], old_logprobs=old_logprobs), self.device
+                collate(
+                    samples, [indices[j] for j in g], old_logprobs=old_logprobs, causal_mask=mask
+                ),
+                self.device,
             )
             for g in groups
         ]
@@ -461,6 +474,23 @@ class Trainer:
             PosixPath('runs/x/hf/step_3')
         """
         return export_hf(self.module, folder, like=self.hf_folder)
+
+
+def _use_fused_adam(optimizer: Any) -> None:
+    """Run torch's AdamW under Megatron's optimizer as one fused CUDA kernel.
+
+    Without transformer-engine or apex, megatron-core falls back to ``torch.optim.AdamW``
+    with torch's default multi-tensor (foreach) path; on a 1.8B model (float32 master
+    weights, H200) its step took 35 ms where the fused kernel takes 15. The flag is read
+    at every step and saved with the param groups, so a checkpoint resumes fused.
+    """
+    for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(opt, "optimizer", None)
+        if not isinstance(inner, torch.optim.AdamW | torch.optim.Adam):
+            continue
+        for group in inner.param_groups:
+            group["fused"], group["foreach"] = True, False
+        inner.defaults.update(fused=True, foreach=False)
 
 
 def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
