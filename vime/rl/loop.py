@@ -103,7 +103,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         engines = [EngineClient(url) for url in fleet.urls]
         policy = PolicyClient.from_urls(*fleet.urls)
         # The sync tells the policy client which version each engine serves (one place).
-        sync = DiskWeightSync(group, engines, run.weights, policy=policy)
+        sync = DiskWeightSync(
+            group, engines, run.weights, policy=policy, restart_dead=group.restart_dead_engines
+        )
         version = start
         if start > 0 or external:
             # A resumed run, or engines vime did not launch, may not serve the policy's
@@ -111,7 +113,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             sync.sync(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
         cleanup.callback(collector.close)
-        runner = _Rollouts(cfg, collector, buffer, tasks, policy, group, sync)
+        runner = _Rollouts(cfg, collector, buffer, tasks, policy, sync)
         cleanup.callback(runner.close)
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
@@ -168,7 +170,6 @@ class _Rollouts:
         buffer: DataBuffer,
         tasks: TaskSource,
         policy: PolicyClient,
-        group: TrainerGroup,
         sync: DiskWeightSync,
     ) -> None:
         self.cfg = cfg
@@ -176,7 +177,6 @@ class _Rollouts:
         self.buffer = buffer
         self.tasks = tasks
         self.policy = policy
-        self.group = group
         self.sync = sync
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
@@ -222,9 +222,7 @@ class _Rollouts:
         else:
             episodes = self.run(self._collect(drawn))
         self.pending = None
-        restarted = self.group.restart_dead_engines()
-        if restarted:  # back at the current weights before they take new work
-            self.sync.reload(restarted)
+        self.sync.recover()  # engines that died: back, at the current weights, before new work
         self.buffer.append(episodes, step)
         if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
             # Step n+1's rollouts run while step n trains and syncs.

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -63,6 +63,8 @@ class DiskWeightSync:
     ``keep`` older exports are kept (the newest is always kept: an engine restarted
     later reloads from it). ``policy`` is told each engine's new version once that
     engine has loaded it: this is the one place a weight version is set.
+    ``restart_dead`` restarts engines that died and returns their URLs (the fleet's);
+    with it, a sync or :meth:`recover` brings such engines back instead of failing.
 
     Example (skipped as a doctest: it needs a trainer and a running engine):
         >>> DiskWeightSync(trainer, [engine], "run/weights", policy=client).sync(1)  # doctest: +SKIP
@@ -78,9 +80,11 @@ class DiskWeightSync:
         attempts: int = 3,
         keep: int = 1,
         policy: VersionListener | None = None,
+        restart_dead: Callable[[], list[str]] | None = None,
     ) -> None:
         self.exporter = exporter
         self.policy = policy
+        self.restart_dead = restart_dead
         self.engines = list(engines)
         self.folder = Path(folder)
         self.attempts = attempts
@@ -91,6 +95,8 @@ class DiskWeightSync:
     def sync(self, version: int) -> dict[str, float]:
         """Export once, load into every engine, verify; returns timings in seconds."""
         t0 = time.perf_counter()
+        if self.restart_dead is not None:
+            self.restart_dead()  # an engine that died since the rollout loads this version too
         target = self.folder / f"v{version:06d}"
         if target.exists():
             shutil.rmtree(target)
@@ -104,6 +110,19 @@ class DiskWeightSync:
         self.version = version
         self._prune()
         return {"sync/export_s": t_export, "sync/total_s": time.perf_counter() - t0}
+
+    def recover(self) -> list[str]:
+        """Restart engines that died and reload the current version into them, before
+        they take new work; returns their URLs.
+
+        Example (skipped as a doctest: it needs running engines):
+            >>> sync.recover()  # doctest: +SKIP
+            []
+        """
+        restarted = self.restart_dead() if self.restart_dead is not None else []
+        if restarted:
+            self.reload(restarted)
+        return restarted
 
     def reload(self, urls: Sequence[str]) -> None:
         """Bring restarted engines back to the current version (they start on the base
