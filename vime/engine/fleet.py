@@ -19,6 +19,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from vime.engine.client import EngineClient
 from vime.engine.config import EngineConfig
 from vime.engine.server import VLLMServer
 
@@ -39,6 +40,7 @@ class EngineFleet:
         self.servers = list(servers)
         self.advertise = advertise  # the address other nodes reach this node's engines at
         self.urls = [u.rstrip("/") for u in urls]
+        self.launched: list[str] = []  # the fleet's engines that vime launched (any node)
 
     @classmethod
     @contextlib.contextmanager
@@ -51,12 +53,14 @@ class EngineFleet:
         devices: Sequence[Sequence[int]] = (),
         log_dir: str | Path | None = None,
         advertise: str = "",
+        sleep_mode: bool = False,
     ) -> Iterator[EngineFleet]:
         """Start ``count`` servers on ``model_dir`` (in parallel), stop them on exit.
 
         ``devices[i]`` are engine i's CUDA devices (its tensor-parallel size is their
         number); empty on CPU. ``advertise`` is the host other nodes reach this node at
         (the servers then listen on every interface); empty: this machine only.
+        ``sleep_mode`` lets the servers give their GPU memory to a colocated trainer.
 
         Example (skipped as a doctest: it starts a vLLM server):
             >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny") as f:  # doctest: +SKIP
@@ -64,7 +68,9 @@ class EngineFleet:
             1
         """
         servers = [
-            VLLMServer(_engine_config(config, model_dir, i, devices, log_dir, advertise))
+            VLLMServer(
+                _engine_config(config, model_dir, i, devices, log_dir, advertise, sleep_mode)
+            )
             for i in range(count)
         ]
         try:
@@ -129,10 +135,13 @@ def _engine_config(
     devices: Sequence[Sequence[int]],
     log_dir: str | Path | None,
     advertise: str,
+    sleep_mode: bool,
 ) -> EngineConfig:
     """Engine ``index``'s config: the shared one plus its model, devices, host and log folder."""
     env = dict(config.env)
     extra = list(config.extra_args)
+    if sleep_mode:
+        extra.append("--enable-sleep-mode")
     mine = list(devices[index]) if index < len(devices) else []
     if mine:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(d) for d in mine)
@@ -146,3 +155,24 @@ def _engine_config(
         extra_args=extra,
         log_dir=config.log_dir or str(log_dir or ""),  # one log per port: engines share it
     )
+
+
+@contextlib.contextmanager
+def asleep(engines: Sequence[EngineClient], enabled: bool = True) -> Iterator[None]:
+    """Engines sleep inside the block (their GPU memory goes to a colocated trainer) and
+    wake up after it, before the weight sync loads new weights into them.
+
+    Example (skipped as a doctest: it needs GPU engines started with sleep mode):
+        >>> with asleep([EngineClient(url)]):  # doctest: +SKIP
+        ...     trainer.train_step(samples)
+    """
+    if not enabled:
+        yield
+        return
+    for engine in engines:
+        engine.sleep(level=1)
+    try:
+        yield
+    finally:
+        for engine in engines:
+            engine.wake_up()

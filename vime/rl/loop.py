@@ -39,6 +39,7 @@ from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient, is_vllm_cpu
+from vime.engine.fleet import asleep
 from vime.envs import TaskSource
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
@@ -101,6 +102,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
         engines = [EngineClient(url) for url in fleet.urls]
+        launched = [e for e in engines if e.url in fleet.launched]
         policy = PolicyClient.from_urls(*fleet.urls)
         # The sync tells the policy client which version each engine serves (one place).
         sync = DiskWeightSync(
@@ -125,7 +127,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             episodes, rollout_stats = runner.episodes_for(step, version)
             samples, adv_stats = make_samples(episodes, cfg, version)
             t1 = time.perf_counter()
-            train_stats = group.train_step(samples) if samples else {}
+            with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
+                train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
             sync_stats = sync.sync(version)

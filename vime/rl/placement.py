@@ -151,6 +151,7 @@ class Layout:
     dp: int
     engines_per_node: int
     engine_devices: tuple[tuple[int, ...], ...]  # per engine on this node (GPU), else ()
+    colocated: bool = False  # engines share the trainer's GPUs: they sleep while it trains
 
     @property
     def trainer_ranks(self) -> int:
@@ -184,7 +185,8 @@ def check_placement(p: PlacementConfig, cluster: Cluster, *, external: int = 0) 
             key="placement.engines_per_node",
         )
     devices = _engine_devices(p, cluster, engines)
-    return Layout(p.tp, p.pp, world // (p.tp * p.pp), engines, devices)
+    colocated = p.mode == "colocated"
+    return Layout(p.tp, p.pp, world // (p.tp * p.pp), engines, devices, colocated)
 
 
 def _engine_devices(

@@ -133,12 +133,14 @@ class Ranks:
                         devices=self.layout.engine_devices,
                         log_dir=log_dir,
                         advertise=advertise,
+                        sleep_mode=self.layout.colocated,
                     )
                 )
             everyone = self.all_gather(fleet.local_urls())
             fleet.urls = []
             for urls in everyone:
                 fleet.join(urls)
+            fleet.launched = list(fleet.urls)
             fleet.join(external)
             yield fleet
 
