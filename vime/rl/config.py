@@ -244,9 +244,12 @@ def _trainer_presets() -> dict[str, dict[str, Any]]:
 def _engine_presets() -> dict[str, dict[str, Any]]:
     return {
         "cpu": {},  # float32: trainer and engine log-probs agree to ~1e-7
-        # One GPU shared by the trainer and its engine.
+        # One GPU shared by the trainer and its engine. The trainer trains in bf16 too
+        # (fp32 master weights in the optimizer; bf16 checkpoints save and resume): on an
+        # H200 a 0.48B model trained at 46k tok/s in bf16 against 12k in float32.
         "gpu": {
             "engine": {"device": "cuda", "dtype": "bfloat16", "gpu_memory_utilization": 0.5},
+            "trainer": {"dtype": "bfloat16"},
             "placement": {"mode": "colocated"},
         },
     }
