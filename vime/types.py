@@ -108,6 +108,28 @@ class Action:
     tool_calls: list[ToolCall] = field(default_factory=list)
     parse_errors: list[str] = field(default_factory=list)
 
+    def parse_error_message(self, *, others_ran: bool = False) -> str:
+        """The observation that tells the model what was wrong with its tool calls.
+
+        The one wording for a malformed call, whoever answers it: the collector (which runs
+        nothing of that turn) or an env (which runs the turn's well-formed calls and says so
+        with ``others_ran=True``). Each listed error already ends with a valid call written
+        in the syntax of the parser that produced it (``Write: ...``). Empty when nothing
+        was malformed.
+
+        Example:
+            >>> action = Action("x", parse_errors=["bad JSON. Write: <tool_call>{...}</tool_call>"])
+            >>> action.parse_error_message().splitlines()
+            ['Error: your tool call could not be parsed, so nothing was run.', '- bad JSON. Write: <tool_call>{...}</tool_call>']
+        """
+        if not self.parse_errors:
+            return ""
+        if others_ran and self.tool_calls:
+            head = "Error: your tool call could not be parsed, so it was not run; the others ran."
+        else:
+            head = "Error: your tool call could not be parsed, so nothing was run."
+        return "\n".join([head, *(f"- {e}" for e in self.parse_errors)])
+
     def to_message(self) -> Message:
         """The assistant message as it enters the conversation."""
         msg: Message = {"role": "assistant", "content": self.text}

@@ -6,7 +6,6 @@ import pytest
 
 from vime.agents.tool_parsers import (
     get_parser,
-    parse_error_message,
     parse_hermes,
     parse_llama3_json,
     parse_tool_calls,
@@ -82,6 +81,6 @@ def test_registry_and_error_message() -> None:
     with pytest.raises(ConfigError, match=r"collector\.tool_parser"):
         get_parser("hermess")
     action = parse_hermes("<tool_call>{oops}</tool_call>")
-    msg = parse_error_message(action)
+    msg = action.parse_error_message()
     assert msg.startswith("Error: your tool call could not be parsed") and "tool call 1" in msg
-    assert parse_error_message(parse_hermes("fine")) == ""
+    assert parse_hermes("fine").parse_error_message() == ""

@@ -22,7 +22,6 @@ from vime.agents.progress import CollectProgress
 from vime.agents.tool_parsers import (
     PARSERS,
     get_parser,
-    parse_error_message,
     parse_hermes,
     parse_llama3_json,
     parse_tool_calls,
@@ -41,7 +40,6 @@ __all__ = [
     "PolicyClient",
     "PolicyClientConfig",
     "get_parser",
-    "parse_error_message",
     "parse_hermes",
     "parse_llama3_json",
     "parse_tool_calls",

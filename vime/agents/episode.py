@@ -40,7 +40,7 @@ from vime.agents.policy_client import (
     EngineUnavailableError,
     PolicyClient,
 )
-from vime.agents.tool_parsers import ToolParser, parse_error_message
+from vime.agents.tool_parsers import ToolParser
 from vime.errors import EngineError, EnvError, TemplateError
 from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn
 
@@ -334,7 +334,7 @@ class EpisodeRun:
         """
         if action.parse_errors and self.context.settings.tool_parse_errors == "observe":
             # Answer a malformed call ourselves; the env is not stepped.
-            note = {"role": "tool", "content": parse_error_message(action)}
+            note = {"role": "tool", "content": action.parse_error_message()}
             return ([note], 0.0, False, False, {}), None
         t0 = time.perf_counter()
         result, metrics = await self._env_call("step", _step_env, self.env, action, closing)

@@ -171,24 +171,3 @@ def parse_tool_calls(text: str, parser: str = "hermes") -> Action:
         []
     """
     return get_parser(parser)(text)
-
-
-def parse_error_message(action: Action, *, others_ran: bool = False) -> str:
-    """The observation that tells the model what was wrong with its tool calls.
-
-    The one wording for a malformed call, whoever answers it: the collector (which runs
-    nothing of that turn) or an env (which runs the turn's well-formed calls and says so
-    with ``others_ran=True``). Each listed error already ends with a valid call written
-    in the syntax of the parser that produced it (``Write: ...``).
-
-    Example:
-        >>> parse_error_message(parse_hermes("<tool_call>{}</tool_call>")).splitlines()[0]
-        'Error: your tool call could not be parsed, so nothing was run.'
-    """
-    if not action.parse_errors:
-        return ""
-    if others_ran and action.tool_calls:
-        head = "Error: your tool call could not be parsed, so it was not run; the others ran."
-    else:
-        head = "Error: your tool call could not be parsed, so nothing was run."
-    return "\n".join([head, *(f"- {e}" for e in action.parse_errors)])

@@ -533,8 +533,9 @@ class ToolEnv(Env):
     def parse_error_reply(self, action: Action) -> list[Message]:
         """The user message answering the turn's malformed calls (``[]`` when none).
 
-        The text is the tool-call parser's own (:func:`vime.agents.tool_parsers.parse_error_message`),
-        so the env and the collector word a malformed call the same way.
+        The text is :meth:`vime.types.Action.parse_error_message` (each error written by
+        the tool-call parser, in its own syntax), so the env and the collector word a
+        malformed call the same way.
 
         Example:
             >>> ToolEnv(Toolset([])).parse_error_reply(Action(text="", parse_errors=["bad"]))
@@ -542,10 +543,7 @@ class ToolEnv(Env):
         """
         if not action.parse_errors:
             return []
-        # Imported here: vime.agents loads the HTTP client stack, which envs do not need.
-        from vime.agents.tool_parsers import parse_error_message
-
-        return [{"role": "user", "content": parse_error_message(action, others_ran=True)}]
+        return [{"role": "user", "content": action.parse_error_message(others_ran=True)}]
 
     @property
     def max_turns(self) -> int | None:
