@@ -152,3 +152,46 @@ def test_user_env_from_the_docs_trains(shared_engine, tmp_path, monkeypatch):
     rows = train(cfg).metrics
     assert rows[-1]["weight_version"] == 1
     assert rows[-1]["rollout/error"] == 0 and rows[-1]["rollout/episodes"] == 16
+
+
+def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, tmp_path):
+    """The same buffered step trained by 1 rank and by 2 torchrun ranks at TP=2 (gloo)."""
+    import os
+    import subprocess
+    import sys
+
+    one = train(load_config(_overrides(tmp_path / "one", shared_engine.url, "steps=1")))
+    # A copy of the run without its checkpoint: resuming it replays step 1 from the buffer
+    # (the very same episodes) on freshly loaded starting weights.
+    two_dir = tmp_path / "two" / one.run_dir.name
+    shutil.copytree(one.run_dir, two_dir)
+    shutil.rmtree(two_dir / "checkpoints")
+    args = _overrides(tmp_path / "two", shared_engine.url, "steps=1", f"resume={two_dir}")
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    done = subprocess.run(
+        [*torchrun, "--nproc-per-node=2", "-m", "vime.cli", "train", "placement.tp=2", *args],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    rows = [json.loads(line) for line in (two_dir / "metrics.jsonl").read_text().splitlines()]
+    first, second = rows[0], rows[1]
+    assert second["rollout/replayed"] == 1.0
+    assert second["samples/trained"] == first["samples/trained"]
+    # float32 on gloo: TP=2 only reorders sums (the hidden size is split across two ranks).
+    assert second["train/loss"] == pytest.approx(first["train/loss"], rel=1e-5, abs=1e-7)
+    gap_one = first["train/train_rollout_logprob_abs_diff"]
+    gap_two = second["train/train_rollout_logprob_abs_diff"]
+    assert abs(gap_one - gap_two) < 1e-6 and gap_two < 1e-5
+    assert second["train/entropy"] == pytest.approx(first["train/entropy"], rel=1e-5)
+
+    # The 2-rank run saved a TP=2 distributed checkpoint; one rank resumes it at TP=1.
+    resumed = train(
+        load_config(_overrides(tmp_path / "two", shared_engine.url, "steps=2", f"resume={two_dir}"))
+    )
+    last = resumed.metrics[-1]
+    assert (last["step"], last["weight_version"]) == (2, 2)
+    # The engine got the resumed trainer's weights: their log-probs agree again.
+    assert last["train/train_rollout_logprob_abs_diff"] < 1e-5

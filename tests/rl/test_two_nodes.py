@@ -148,6 +148,8 @@ def test_two_nodes_train_math_with_tp2_across_them_and_an_engine_on_each(
             p.wait()
     logs = {n: (tmp_path / f"node{n}.log").read_text(errors="replace") for n in (0, 1)}
     assert [p.returncode for p in procs] == [0, 0], (logs[0][-4000:], logs[1][-4000:])
+    # The run stopped its own engines on both nodes: nothing is left in either namespace.
+    assert [_ip("netns", "pids", ns).stdout.split() for ns in nodes.names] == [[], []]
 
     runs = list(run_root.iterdir())
     assert len(runs) == 1, "rank 0 alone writes the run folder"

@@ -14,8 +14,8 @@ from vime.trainer.model import build_gpt_model, model_spec_from_hf
 def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
     """Full-vocab logits [B, S, V] of a TP=1 Megatron model (padding columns dropped)."""
     s = ids.shape[1]
-    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None]
-    pos = torch.arange(s)[None].expand_as(ids)
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool, device=ids.device), 1)[None, None]
+    pos = torch.arange(s, device=ids.device)[None].expand_as(ids)
     with torch.no_grad():
         return model(ids, pos, mask)[..., : model.hf_spec.vocab_size]
 
@@ -26,12 +26,15 @@ def megatron_logits(model, ids: torch.Tensor) -> torch.Tensor:
 )
 def test_logits_match_hf_and_export_round_trips(family, attention, hf_checkpoints, dist1, tmp_path):
     folder = hf_checkpoints[family]
-    hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    # Megatron puts its rotary tables on the GPU when there is one: everything goes there.
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
     model = build_gpt_model(hf.config, attention=attention)
     load_hf_weights(model, folder)
+    model.to(device)
     ids = torch.randint(
         0, hf.config.vocab_size, (2, 23), generator=torch.Generator().manual_seed(1)
-    )
+    ).to(device)
     with torch.no_grad():
         ref = hf(ids).logits
     diff = (megatron_logits(model, ids) - ref).abs().max().item()

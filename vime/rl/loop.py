@@ -93,10 +93,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             return TrainResult(run.root, cfg.steps)
         cleanup.callback(group.close)
         console = StepConsole(total=cfg.steps, run_dir=run.root)
-        tasks = TaskSource(
-            train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
-        )
-        held_out = eval_tasks(cfg.env)
+        tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
         metrics_log = MetricsLog(run.metrics)
         buffer = DataBuffer(run.root)
@@ -138,11 +135,8 @@ def train(cfg: TrainConfig) -> TrainResult:
                 **adv_stats,
                 **{f"train/{k}": v for k, v in train_stats.items()},
                 **sync_stats,
+                **_step_times(t0, t1, t2, t3),
                 "weight_version": _fleet_version(engines, version),
-                "time/rollout_s": t1 - t0,
-                "time/train_s": t2 - t1,
-                "time/sync_s": t3 - t2,
-                "time/step_s": t3 - t0,
             }
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
                 row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
@@ -345,6 +339,22 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     model_dir = prepare_model(cfg, run)
     _warn_tied_head_on_cpu(model_dir, cfg)
     return run, model_dir
+
+
+def _task_sources(cfg: TrainConfig) -> tuple[TaskSource, list[dict[str, Any]]]:
+    """The training task source (drawn step by step) and the held-out evaluation tasks."""
+    tasks = TaskSource(train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
+    return tasks, eval_tasks(cfg.env)
+
+
+def _step_times(t0: float, t1: float, t2: float, t3: float) -> dict[str, float]:
+    """The step's time split from its four clock readings."""
+    return {
+        "time/rollout_s": t1 - t0,
+        "time/train_s": t2 - t1,
+        "time/sync_s": t3 - t2,
+        "time/step_s": t3 - t0,
+    }
 
 
 def _fleet_version(engines: list[EngineClient], version: int) -> int:
