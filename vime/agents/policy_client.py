@@ -30,11 +30,10 @@ are never retried: a prompt longer than the engine's context raises
 :class:`ContextLengthError` (the episode is *truncated*); any other raises
 :class:`~vime.errors.EngineError`.
 
-Load: an episode (``session``) sticks to the server it was first given while that
-server is healthy (prefix-cache reuse across its turns); a new session goes to the
-healthy server with the fewest tokens in flight (prompt + ``max_tokens`` of each request
-sent and not yet answered), ties to the one with fewer sessions, then round-robin.
-:meth:`PolicyClient.stats` reports requests, failovers and tokens in flight per server.
+Load: which server a session goes to, down marks and failover targets are decided by
+:class:`~vime.agents.routing.Router` (the rules are in its module docstring); the client
+asks it and delegates :meth:`PolicyClient.server_for`, :meth:`PolicyClient.stats` and the
+weight-version methods to it.
 
 Transport: the SDK's ``AsyncOpenAI`` client is built for every server and owns the
 configuration (base URL, API key, default and auth headers), the ``/v1/models`` calls and
@@ -69,6 +68,7 @@ import httpx2
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from vime.agents.routing import Router
 from vime.config import require, require_choice
 from vime.errors import EngineError
 from vime.types import SamplingParams
@@ -195,19 +195,13 @@ class PolicyClient:
 
     def __init__(self, config: PolicyClientConfig) -> None:
         self.config = config
-        self.urls = [u.rstrip("/") for u in config.urls]
+        # Sessions, load, down marks and versions are the router's; the client sends.
+        self._router = Router(config.urls, config.down_s)
+        self.urls = self._router.urls
         self._clients: dict[str, openai.AsyncOpenAI] = {}
         self._session: aiohttp.ClientSession | None = None  # the direct transport's
         self._loop: asyncio.AbstractEventLoop | None = None  # the loop it belongs to
         self._headers: dict[str, dict[str, str]] = {}  # url -> the SDK's request headers
-        self._versions: dict[str, int] = dict.fromkeys(self.urls, 0)
-        self._sessions: dict[str, str] = {}  # session -> url
-        self._pinned: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions
-        self._inflight: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> tokens
-        self._requests: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> requests sent
-        self._failovers: dict[str, int] = dict.fromkeys(self.urls, 0)  # url -> sessions moved off
-        self._down_until: dict[str, float] = dict.fromkeys(self.urls, 0.0)
-        self._rr = 0
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
@@ -264,52 +258,13 @@ class PolicyClient:
         return session
 
     def server_for(self, session: str) -> str:
-        """The server ``session`` is pinned to (assigned on first use: fewest tokens in flight).
-
-        A session whose server is marked down moves to the best healthy server, if any.
+        """The server ``session`` is pinned to (see :meth:`Router.server_for`).
 
         Example:
             >>> PolicyClient.from_urls("http://a:1", "http://b:1").server_for("ep1")
             'http://a:1'
         """
-        url = self._sessions.get(session)
-        if url is not None and self._down_until[url] <= time.monotonic():
-            return url  # the common case: pinned and healthy
-        others = self._healthy(exclude=url)
-        if url is not None:
-            # Down, but nowhere better (one server, or all down): stay, as before failover.
-            return self._move(session, url, self._best(others)) if others else url
-        url = self._best(others or self.urls)
-        self._sessions[session] = url
-        self._pinned[url] += 1
-        return url
-
-    def _healthy(self, exclude: str | None = None) -> list[str]:
-        """The servers not marked down (but ``exclude``), in ``urls`` order."""
-        now = time.monotonic()
-        return [u for u in self.urls if self._down_until[u] <= now and u != exclude]
-
-    def _best(self, urls: list[str]) -> str:
-        """The least loaded of ``urls``: fewest tokens in flight, then sessions, then round-robin."""
-        load = {u: (self._inflight[u], self._pinned[u]) for u in urls}
-        least = min(load.values())
-        ties = [u for u in urls if load[u] == least]
-        url = ties[self._rr % len(ties)]
-        self._rr += 1
-        return url
-
-    def _move(self, session: str, old: str, new: str) -> str:
-        """Re-pin ``session`` from the unavailable ``old`` to ``new`` (a failover)."""
-        self._sessions[session] = new
-        self._pinned[old] -= 1
-        self._pinned[new] += 1
-        self._failovers[old] += 1
-        return new
-
-    def _mark_down(self, url: str) -> None:
-        if self._down_until[url] <= time.monotonic():  # log once per outage, not per request
-            log.warning("policy server %s unavailable; avoided for %.0f s", url, self.config.down_s)
-        self._down_until[url] = time.monotonic() + self.config.down_s
+        return self._router.server_for(session)
 
     def release(self, session: str) -> None:
         """Forget ``session``'s server (call when its episode ends).
@@ -317,30 +272,16 @@ class PolicyClient:
         Example:
             >>> PolicyClient.from_urls("http://a:1").release("ep1")
         """
-        url = self._sessions.pop(session, None)
-        if url is not None:
-            self._pinned[url] -= 1
+        self._router.release(session)
 
     def stats(self) -> dict[str, dict[str, int | bool]]:
-        """Per-server counters: requests sent, sessions failed over away from it, tokens in
-        flight, sessions pinned, whether it is marked down, its weight version.
+        """Per-server counters (see :meth:`Router.stats`).
 
         Example:
             >>> PolicyClient.from_urls("http://a:1").stats()["http://a:1"]
             {'requests': 0, 'failovers': 0, 'tokens_in_flight': 0, 'sessions': 0, 'down': False, 'weight_version': 0}
         """
-        now = time.monotonic()
-        return {
-            u: {
-                "requests": self._requests[u],
-                "failovers": self._failovers[u],
-                "tokens_in_flight": self._inflight[u],
-                "sessions": self._pinned[u],
-                "down": self._down_until[u] > now,
-                "weight_version": self._versions[u],
-            }
-            for u in self.urls
-        }
+        return self._router.stats()
 
     def set_weight_version(self, url: str, version: int) -> None:
         """Record that the engine at ``url`` now serves weights ``version`` (weight sync calls
@@ -351,12 +292,7 @@ class PolicyClient:
             >>> c.weight_version("http://a:1")
             3
         """
-        url = url.rstrip("/")
-        if url not in self._versions:
-            raise EngineError(f"set_weight_version: {url!r} is not one of policy.urls {self.urls}")
-        self._versions[url] = int(version)
-        # The engine just loaded (or was restarted at) the current weights: it takes work again.
-        self._down_until[url] = 0.0
+        self._router.set_weight_version(url, version)
 
     def set_weight_version_all(self, version: int) -> None:
         """Record ``version`` for every server (after a sync to all of them).
@@ -364,12 +300,11 @@ class PolicyClient:
         Example:
             >>> PolicyClient.from_urls("http://a:1").set_weight_version_all(2)
         """
-        for url in self.urls:
-            self.set_weight_version(url, version)
+        self._router.set_weight_version_all(version)
 
     def weight_version(self, url: str) -> int:
         """The weight version last recorded for ``url``."""
-        return self._versions[url.rstrip("/")]
+        return self._router.weight_version(url)
 
     async def model_name(self) -> str:
         """The served model name (from the config, else the first server's ``/v1/models``)."""
@@ -450,24 +385,22 @@ class PolicyClient:
         body = self.request_body(prompt_ids, params, max_tokens)
         # No await between picking the server and counting the tokens (in _send): the
         # next session routed sees this request's load.
-        url = self.server_for(session)
+        url = self._router.server_for(session)
         tried: list[str] = []
         while True:
             try:
                 return await self._send(url, body, len(prompt_ids), mark_down=not tried)
             except EngineUnavailableError as err:
                 tried.append(url)
-                others = [u for u in self._healthy() if u not in tried]
-                if not others:
+                # Re-pinned there, unless released under us (the episode was cancelled).
+                target = self._router.fail_over(session, url, tried)
+                if target is None:
                     if len(tried) == 1:
                         raise  # nowhere to fail over to: exactly as with one server
                     raise EngineUnavailableError(
                         f"{err} (after failing over from {', '.join(tried[:-1])})"
                     ) from err
-                if self._sessions.get(session) == url:
-                    url = self._move(session, url, self._best(others))
-                else:  # released under us (the episode was cancelled): route, don't re-pin
-                    url = self._best(others)
+                url = target
                 # One warning per outage comes from _mark_down; per session is detail.
                 log.debug("session %s fails over from %s to %s", session, tried[-1], url)
 
@@ -480,10 +413,9 @@ class PolicyClient:
         Example (skipped as a doctest: it needs a running vLLM server):
             >>> out = await client._send(url, body, 3, mark_down=True)  # doctest: +SKIP
         """
-        version = self._versions[url]  # the version at the start (see the module docstring)
+        version = self._router.weight_version(url)  # at the start (see the module docstring)
         cost = prompt_len + int(body.get("max_tokens") or 0)
-        self._inflight[url] += cost
-        self._requests[url] += 1
+        self._router.add_inflight(url, cost)
         start = time.perf_counter()
         tries = [1]
         try:
@@ -507,8 +439,12 @@ class PolicyClient:
                 f"{url}: unreachable after {tries[0]} attempts ({type(err).__name__}: {err})"
             ) from err
         finally:
-            self._inflight[url] -= cost
+            self._router.remove_inflight(url, cost)
         return _parse(data, url, version, time.perf_counter() - start, tries[0])
+
+    def _mark_down(self, url: str) -> None:
+        if self._router.mark_down(url):  # warn once per outage, not per failed request
+            log.warning("policy server %s unavailable; avoided for %.0f s", url, self.config.down_s)
 
     async def _post_retrying(
         self, url: str, body: dict[str, Any], tries: list[int]
