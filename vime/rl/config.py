@@ -49,7 +49,8 @@ from vime.types import SamplingParams
 
 GROUPS = ("env", "model", "trainer", "engine", "rollout")
 MODES = ("sync", "async")
-SYNC_METHODS = ("disk",)
+# disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
+SYNC_METHODS = ("disk", "nccl", "ipc")
 
 
 @dataclass
@@ -171,6 +172,7 @@ class TrainConfig:
         require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
         require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
         require_choice(self.sync, "sync", SYNC_METHODS)
+        self._check_sync()
         require(
             not (self.engine.url and self.placement.engine_urls),
             "engine.url",
@@ -183,6 +185,37 @@ class TrainConfig:
             f"must equal rollout.collector.sampling.temperature "
             f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
             "of the distribution the engine sampled from",
+        )
+
+    def _check_sync(self) -> None:
+        """The GPU transports' needs, checked at start rather than at the first sync."""
+        if self.sync == "disk":
+            return
+        require(
+            self.engine.device == "cuda",
+            "engine.device",
+            f"must be cuda for sync={self.sync} (vLLM's weight transfer moves CUDA "
+            f"tensors; got {self.engine.device!r}); use engine=gpu or sync=disk",
+        )
+        if self.sync == "nccl":
+            require(
+                self.placement.mode == "split",
+                "placement.mode",
+                "must be split for sync=nccl: NCCL cannot put the trainer and an engine "
+                "on one GPU; use sync=ipc for colocated engines",
+            )
+            return
+        require(
+            self.placement.mode == "colocated",
+            "placement.mode",
+            "must be colocated for sync=ipc: CUDA IPC shares memory on the same GPU; "
+            "use sync=nccl for engines on their own GPUs",
+        )
+        require(
+            self.placement.pp == 1,
+            "placement.pp",
+            "must be 1 for sync=ipc: every trainer rank hands its GPU's engines the full "
+            "tensors, which only TP gathers onto every rank",
         )
 
 

@@ -48,6 +48,7 @@ from vime.observability.metrics import MetricsLog, plot_curves
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.evaluate import evaluate
+from vime.rl.gpu_sync import build_weight_sync
 from vime.rl.ranks import Ranks, TrainerGroup
 from vime.rl.run_dir import RunDir, read_state, write_state
 from vime.rl.tasks import eval_tasks, train_tasks
@@ -85,7 +86,9 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     with contextlib.ExitStack() as cleanup:
         fleet = cleanup.enter_context(
-            ranks.engine_fleet(cfg.engine, model_dir, external=external, log_dir=run.logs)
+            ranks.engine_fleet(
+                cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
+            )
         )
         group = TrainerGroup(trainer, ranks, fleet)
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
@@ -102,8 +105,14 @@ def train(cfg: TrainConfig) -> TrainResult:
         launched = [e for e in engines if e.url in fleet.launched]
         policy = PolicyClient.from_urls(*fleet.urls)
         # The sync tells the policy client which version each engine serves (one place).
-        sync = DiskWeightSync(
-            group, engines, run.weights, policy=policy, restart_dead=group.restart_dead_engines
+        sync = build_weight_sync(
+            cfg.sync,
+            group,
+            engines,
+            run.weights,
+            dtype=cfg.engine.dtype,
+            policy=policy,
+            restart_dead=group.restart_dead_engines,
         )
         version = start
         if start > 0 or external:

@@ -35,6 +35,7 @@ import torch.distributed as dist
 from vime.engine.config import EngineConfig
 from vime.engine.fleet import EngineFleet
 from vime.net import address_towards
+from vime.rl.gpu_sync import Push, gather_and_push
 from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
 from vime.trainer.parallel import init_distributed
 from vime.trainer.step import Trainer
@@ -111,8 +112,10 @@ class Ranks:
         *,
         external: Sequence[str] = (),
         log_dir: str | Path | None = None,
+        weight_transfer: str = "",
     ) -> Iterator[EngineFleet]:
         """Each node's local rank 0 launches its engines; every rank gets the fleet's URLs.
+        ``weight_transfer`` is the run's ``sync`` (``nccl`` / ``ipc`` add vLLM's flags).
 
         Example (skipped as a doctest: it starts vLLM):
             >>> with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:  # doctest: +SKIP
@@ -134,6 +137,7 @@ class Ranks:
                         log_dir=log_dir,
                         advertise=advertise,
                         sleep_mode=self.layout.colocated,
+                        weight_transfer=weight_transfer,
                     )
                 )
             everyone = self.all_gather(fleet.local_urls())
@@ -169,6 +173,11 @@ class TrainerGroup:
     def export_hf(self, folder: str | Path) -> Path | None:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
         return self._call("export_hf", str(folder))
+
+    def send_weights(self, push: Push, dtype: str, everywhere: bool) -> dict[str, float]:
+        """GPU weight sync: every rank gathers the HF tensors on its GPU (TP shards once),
+        then runs ``push`` (rank 0 drives the engines; see :mod:`vime.rl.gpu_sync`)."""
+        return self._call("send_weights", push, dtype, everywhere)
 
     def save_checkpoint(self, folder: str | Path) -> Path:
         """A Megatron distributed checkpoint, written by every rank."""
@@ -208,4 +217,6 @@ class TrainerGroup:
         if name == "restart_dead_engines":
             restarted = self.fleet.restart_dead()
             return [url for urls in self.ranks.all_gather(restarted) for url in urls]
+        if name == "send_weights":
+            return gather_and_push(self.trainer.module, *args)
         return getattr(self.trainer, name)(*args)

@@ -8,8 +8,8 @@ because training on from an engine with stale weights would silently poison the 
 Transports:
 - ``disk`` (CPU and GPU): HF safetensors export, then each engine's
   ``/collective_rpc reload_weights``. Implemented here.
-- ``nccl`` / ``ipc`` (GPU): vLLM's weight-transfer engine. They fit the same
-  :class:`WeightSync` interface (``sync(version)``) and are left for the GPU issue.
+- ``nccl`` / ``ipc`` (GPU): vLLM's weight-transfer engine, in :mod:`vime.rl.gpu_sync`
+  (same interface; :func:`vime.rl.gpu_sync.build_weight_sync` picks by the ``sync`` key).
 
 Example:
     >>> sync = DiskWeightSync(exporter=trainer, engines=[client], folder=run / "weights")  # doctest: +SKIP

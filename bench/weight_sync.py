@@ -1,0 +1,208 @@
+"""Weight sync speed: vime's NCCL and IPC sync from the Megatron trainer vs vLLM's raw transfer.
+
+One run, one model (a Qwen2.5-1.5B-shaped checkpoint with random weights, bf16, built by
+``bench/trainer_step.py``'s :func:`build_model`), the same engines:
+
+- ``nccl``: an engine on GPU 1, the trainer on GPU 0 (split placement);
+- ``ipc``: an engine on GPU 0, beside the trainer (colocated).
+
+For each transport, alternately:
+
+- **vime**: :meth:`vime.rl.gpu_sync.GpuWeightSync.sync`: gather the HF tensors from the
+  Megatron model (bf16), pause, start, transfer, finish, cache reset, version, resume;
+- **raw**: vLLM's own calls on a plain dict holding the same tensors (the same bytes):
+  ``/start_weight_update``, ``trainer_send_weights`` (packed) with ``/update_weights``,
+  ``/finish_weight_update``: what any caller of the API pays at least.
+
+Printed: medians of ``--reps`` timed syncs after one warm-up (the first NCCL sync also
+builds the group: ``init_s``), vime's split (gather, pause, transfer, load), the ratio
+vime / raw and seconds per 1B parameters (issue 14's targets: ≤ 2× raw, ≤ 0.1 s per 1B).
+Needs CUDA and the GPU build of vLLM 0.26 (NCCL needs 2 GPUs).
+
+Usage::
+
+    python bench/weight_sync.py --json /tmp/sync.json
+    python bench/weight_sync.py --size tiny --backends ipc
+
+Example (the shapes come from the trainer bench):
+    >>> SIZES["1.5b"]["vocab_size"]
+    151936
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_step import SIZES, build_model
+
+GPU_OF = {"nccl": 1, "ipc": 0}  # the trainer is on GPU 0
+
+
+def start_engines(folder: Path, backends: list[str], util: float, logs: Path) -> dict[str, Any]:
+    """One engine per transport, started together (eager: no compile, same numerics)."""
+    from vime.engine import EngineConfig, VLLMServer
+    from vime.engine.fleet import weight_transfer_launch
+
+    servers = {}
+    for backend in backends:
+        args, env = weight_transfer_launch(backend)
+        config = EngineConfig(
+            model=str(folder),
+            device="cuda",
+            dtype="bfloat16",
+            max_model_len=512,
+            gpu_memory_utilization=util,
+            # The random checkpoint has no tokenizer; the syncs send weights, not text.
+            extra_args=["--enforce-eager", "--skip-tokenizer-init", *args],
+            env={**env, "CUDA_VISIBLE_DEVICES": str(GPU_OF[backend])},
+            log_dir=str(logs / backend),
+        )
+        servers[backend] = VLLMServer(config).start(wait=False)
+    for server in servers.values():
+        server.wait_ready()
+    return servers
+
+
+def build_trainer(folder: Path) -> Any:
+    """vime's trainer on GPU 0 (bf16), one rank, wrapped as the loop sees it."""
+    import warnings
+
+    from vime.rl.placement import Cluster, Layout
+    from vime.rl.ranks import Ranks, TrainerGroup
+    from vime.trainer.compat import init_rng_tracker
+    from vime.trainer.parallel import init_distributed
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    warnings.filterwarnings("ignore")  # Megatron lists every fused kernel it lacks
+    init_distributed(tp=1, pp=1)
+    init_rng_tracker(0)
+    trainer = Trainer(folder, TrainerConfig(dtype="bfloat16"))
+    return TrainerGroup(trainer, Ranks(Cluster(), Layout(1, 1, 1, 1, ((),)), None))
+
+
+def raw_sync(backend: str, client: Any, tensors: dict[str, Any], nccl: Any, bucket: int) -> float:
+    """vLLM's calls alone on a plain tensor dict; returns seconds."""
+    from vime.rl import gpu_sync
+
+    t0 = time.perf_counter()
+    client.start_weight_update()
+    if backend == "ipc":
+        gpu_sync.ipc_send(tensors, bucket, post=client.update_weights)
+    else:
+        info = {
+            **gpu_sync.metadata(tensors),
+            "packed": True,
+            "packed_buffer_size_bytes": bucket,
+            "packed_num_buffers": gpu_sync.NUM_BUFFERS,
+        }
+        call = threading.Thread(target=client.update_weights, args=(info,))
+        call.start()  # it returns once the broadcast has been received and loaded
+        gpu_sync.nccl_send(tensors, nccl, bucket)
+        call.join()
+    client.finish_weight_update()
+    return time.perf_counter() - t0
+
+
+def measure(backend: str, group: Any, server: Any, reps: int, bucket_mb: int) -> dict[str, Any]:
+    """Warm-up, then ``reps`` alternating vime / raw syncs; medians and ratios."""
+    import torch
+
+    from vime.engine import EngineClient
+    from vime.rl.gpu_sync import GpuWeightSync, hf_gpu_state
+
+    client = EngineClient(server.url, timeout_s=600)
+    sync = GpuWeightSync(
+        group, [client], "unused", backend=backend, dtype="bfloat16", bucket_mb=bucket_mb
+    )
+    first = sync.sync(1)
+    gathered = hf_gpu_state(group.trainer.module, "bfloat16", everywhere=False) or {}
+    plain = {k: v.clone() for k, v in gathered.items()}  # a plain dict: the same bytes
+    del gathered
+    params = sum(t.numel() for t in plain.values())
+    bucket = bucket_mb << 20
+    raw_sync(backend, client, plain, sync.nccl, bucket)  # warm-up
+    vime, raw = [], []
+    for v in range(2, reps + 2):
+        raw.append(raw_sync(backend, client, plain, sync.nccl, bucket))
+        vime.append(sync.sync(v))
+    del plain
+    torch.cuda.empty_cache()
+    split = {k: statistics.median(s[k] for s in vime) for k in vime[0]}
+    raw_s = statistics.median(raw)
+    return {
+        "backend": backend,
+        "params_b": params / 1e9,
+        "gb": split["sync/gb"],
+        "raw_s": raw_s,
+        "raw_all": [round(t, 4) for t in raw],
+        "vime_s": split["sync/total_s"],
+        "vime_all": [round(s["sync/total_s"], 4) for s in vime],
+        "split": {k: round(val, 4) for k, val in split.items()},
+        "first_sync": {k: round(val, 4) for k, val in first.items()},
+        "vime_over_raw": split["sync/total_s"] / raw_s,
+        "vime_s_per_1b": split["sync/total_s"] / (params / 1e9),
+        "raw_gb_per_s": split["sync/gb"] / raw_s,
+    }
+
+
+def report(results: list[dict[str, Any]]) -> None:
+    """One line per transport, then vime's split."""
+    print(
+        f"\n{'':6} {'params':>8} {'GB':>6} {'raw s':>8} {'vime s':>8} {'vime/raw':>9} {'s/1B':>7}"
+    )
+    for r in results:
+        print(
+            f"{r['backend']:6} {r['params_b']:7.3f}B {r['gb']:6.2f} {r['raw_s']:8.4f} "
+            f"{r['vime_s']:8.4f} {r['vime_over_raw']:8.2f}x {r['vime_s_per_1b']:7.4f}"
+        )
+    for r in results:
+        print(f"{r['backend']} split (median): {r['split']}")
+        print(f"{r['backend']} first sync: {r['first_sync']}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--size", choices=sorted(SIZES), default="1.5b")
+    parser.add_argument("--backends", nargs="+", choices=sorted(GPU_OF), default=["nccl", "ipc"])
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--bucket-mb", type=int, default=1024)
+    parser.add_argument("--util", type=float, default=0.2, help="each engine's GPU share")
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit("bench/weight_sync.py needs CUDA (vLLM's NCCL / IPC weight transfer)")
+    backends = [b for b in args.backends if GPU_OF[b] < torch.cuda.device_count()]
+    skipped = sorted(set(args.backends) - set(backends))
+    if skipped:
+        print(f"skipped {skipped}: NCCL needs a second GPU for the engine")
+    root = Path(tempfile.mkdtemp(prefix="vime-sync-bench-"))
+    t0 = time.perf_counter()
+    folder = build_model(args.size, root / "model", "bfloat16")
+    servers = start_engines(folder, backends, args.util, root / "logs")
+    print(f"model and engines ready in {time.perf_counter() - t0:.0f} s")
+    try:
+        group = build_trainer(folder)
+        results = [measure(b, group, servers[b], args.reps, args.bucket_mb) for b in backends]
+    finally:
+        for server in servers.values():
+            server.stop()
+    report(results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
