@@ -14,9 +14,10 @@ For each transport, alternately:
   ``/start_weight_update``, ``trainer_send_weights`` (packed) with ``/update_weights``,
   ``/finish_weight_update``: what any caller of the API pays at least.
 
-Printed: medians of ``--reps`` timed syncs after one warm-up (the first NCCL sync also
-builds the group: ``init_s``), vime's split (gather, pause, transfer, load), the ratio
-vime / raw and seconds per 1B parameters (issue 14's targets: ≤ 2× raw, ≤ 0.1 s per 1B).
+Printed per bucket size (``--bucket-mb``, several allowed; IPC needs the largest tensor to
+fit): medians of ``--reps`` timed syncs after one warm-up (the first NCCL sync also builds
+the group: ``init_s``), vime's split (gather, pause, transfer, load), the ratio vime / raw
+and seconds per 1B parameters (issue 14's targets: ≤ 2× raw, ≤ 0.1 s per 1B).
 Needs CUDA and the GPU build of vLLM 0.26 (NCCL needs 2 GPUs).
 
 Usage::
@@ -114,34 +115,43 @@ def raw_sync(backend: str, client: Any, tensors: dict[str, Any], nccl: Any, buck
     return time.perf_counter() - t0
 
 
-def measure(backend: str, group: Any, server: Any, reps: int, bucket_mb: int) -> dict[str, Any]:
-    """Warm-up, then ``reps`` alternating vime / raw syncs; medians and ratios."""
+def measure(backend: str, group: Any, server: Any, reps: int, buckets: list[int]) -> list[Any]:
+    """Per bucket size: a warm-up, then ``reps`` alternating raw / vime syncs."""
     import torch
 
     from vime.engine import EngineClient
     from vime.rl.gpu_sync import GpuWeightSync, hf_gpu_state
 
     client = EngineClient(server.url, timeout_s=600)
-    sync = GpuWeightSync(
-        group, [client], "unused", backend=backend, dtype="bfloat16", bucket_mb=bucket_mb
-    )
+    sync = GpuWeightSync(group, [client], "unused", backend=backend, dtype="bfloat16")
     first = sync.sync(1)
     gathered = hf_gpu_state(group.trainer.module, "bfloat16", everywhere=False) or {}
     plain = {k: v.clone() for k, v in gathered.items()}  # a plain dict: the same bytes
     del gathered
-    params = sum(t.numel() for t in plain.values())
-    bucket = bucket_mb << 20
-    raw_sync(backend, client, plain, sync.nccl, bucket)  # warm-up
-    vime, raw = [], []
-    for v in range(2, reps + 2):
-        raw.append(raw_sync(backend, client, plain, sync.nccl, bucket))
-        vime.append(sync.sync(v))
+    results = []
+    for mb in buckets:
+        sync.bucket_bytes = mb << 20  # the same engines and NCCL group, another bucket size
+        results.append({**timed(backend, sync, client, plain, reps), "first_sync": first})
+        first = {}
     del plain
     torch.cuda.empty_cache()
+    return results
+
+
+def timed(backend: str, sync: Any, client: Any, plain: Any, reps: int) -> dict[str, Any]:
+    """Medians of ``reps`` raw and vime syncs at the sync's bucket size, and the ratios."""
+    params = sum(t.numel() for t in plain.values())
+    raw_sync(backend, client, plain, sync.nccl, sync.bucket_bytes)  # warm-up
+    sync.sync(sync.version + 1)
+    vime, raw = [], []
+    for _ in range(reps):
+        raw.append(raw_sync(backend, client, plain, sync.nccl, sync.bucket_bytes))
+        vime.append(sync.sync(sync.version + 1))
     split = {k: statistics.median(s[k] for s in vime) for k in vime[0]}
     raw_s = statistics.median(raw)
     return {
         "backend": backend,
+        "bucket_mb": sync.bucket_bytes >> 20,
         "params_b": params / 1e9,
         "gb": split["sync/gb"],
         "raw_s": raw_s,
@@ -149,7 +159,6 @@ def measure(backend: str, group: Any, server: Any, reps: int, bucket_mb: int) ->
         "vime_s": split["sync/total_s"],
         "vime_all": [round(s["sync/total_s"], 4) for s in vime],
         "split": {k: round(val, 4) for k, val in split.items()},
-        "first_sync": {k: round(val, 4) for k, val in first.items()},
         "vime_over_raw": split["sync/total_s"] / raw_s,
         "vime_s_per_1b": split["sync/total_s"] / (params / 1e9),
         "raw_gb_per_s": split["sync/gb"] / raw_s,
@@ -157,18 +166,19 @@ def measure(backend: str, group: Any, server: Any, reps: int, bucket_mb: int) ->
 
 
 def report(results: list[dict[str, Any]]) -> None:
-    """One line per transport, then vime's split."""
-    print(
-        f"\n{'':6} {'params':>8} {'GB':>6} {'raw s':>8} {'vime s':>8} {'vime/raw':>9} {'s/1B':>7}"
-    )
+    """One line per transport and bucket size, then vime's split."""
+    head = ["", "bucket", "params", "GB", "raw s", "vime s", "vime/raw", "s/1B"]
+    print("\n{:6} {:>7} {:>8} {:>6} {:>8} {:>8} {:>9} {:>7}".format(*head))
     for r in results:
         print(
-            f"{r['backend']:6} {r['params_b']:7.3f}B {r['gb']:6.2f} {r['raw_s']:8.4f} "
-            f"{r['vime_s']:8.4f} {r['vime_over_raw']:8.2f}x {r['vime_s_per_1b']:7.4f}"
+            f"{r['backend']:6} {r['bucket_mb']:5}MB {r['params_b']:7.3f}B {r['gb']:6.2f} "
+            f"{r['raw_s']:8.4f} {r['vime_s']:8.4f} {r['vime_over_raw']:8.2f}x "
+            f"{r['vime_s_per_1b']:7.4f}"
         )
     for r in results:
-        print(f"{r['backend']} split (median): {r['split']}")
-        print(f"{r['backend']} first sync: {r['first_sync']}")
+        print(f"{r['backend']} {r['bucket_mb']} MB split (median): {r['split']}")
+        if r["first_sync"]:
+            print(f"{r['backend']} first sync: {r['first_sync']}")
 
 
 def main() -> None:
@@ -176,7 +186,7 @@ def main() -> None:
     parser.add_argument("--size", choices=sorted(SIZES), default="1.5b")
     parser.add_argument("--backends", nargs="+", choices=sorted(GPU_OF), default=["nccl", "ipc"])
     parser.add_argument("--reps", type=int, default=5)
-    parser.add_argument("--bucket-mb", type=int, default=1024)
+    parser.add_argument("--bucket-mb", type=int, nargs="+", default=[1024])
     parser.add_argument("--util", type=float, default=0.2, help="each engine's GPU share")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
@@ -195,7 +205,9 @@ def main() -> None:
     print(f"model and engines ready in {time.perf_counter() - t0:.0f} s")
     try:
         group = build_trainer(folder)
-        results = [measure(b, group, servers[b], args.reps, args.bucket_mb) for b in backends]
+        results = [
+            r for b in backends for r in measure(b, group, servers[b], args.reps, args.bucket_mb)
+        ]
     finally:
         for server in servers.values():
             server.stop()
