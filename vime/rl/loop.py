@@ -39,7 +39,7 @@ from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient, is_vllm_cpu
-from vime.engine.fleet import asleep
+from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
@@ -101,19 +101,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         metrics_log = MetricsLog(run.metrics)
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
-        engines = [EngineClient(url) for url in fleet.urls]
+        engines, policy, sync = _engine_clients(cfg, fleet, group, run)
         launched = [e for e in engines if e.url in fleet.launched]
-        policy = PolicyClient.from_urls(*fleet.urls)
-        # The sync tells the policy client which version each engine serves (one place).
-        sync = build_weight_sync(
-            cfg.sync,
-            group,
-            engines,
-            run.weights,
-            dtype=cfg.engine.dtype,
-            policy=policy,
-            restart_dead=group.restart_dead_engines,
-        )
         version = start
         if start > 0 or external:
             # A resumed run, or engines vime did not launch, may not serve the policy's
@@ -348,6 +337,27 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     model_dir = prepare_model(cfg, run)
     _warn_tied_head_on_cpu(model_dir, cfg)
     return run, model_dir
+
+
+def _engine_clients(
+    cfg: TrainConfig, fleet: EngineFleet, group: TrainerGroup, run: RunDir
+) -> tuple[list[EngineClient], PolicyClient, DiskWeightSync]:
+    """(Rank 0.) A client per engine, the policy client over the fleet, the weight sync.
+
+    The sync tells the policy client which version each engine serves (one place).
+    """
+    engines = [EngineClient(url) for url in fleet.urls]
+    policy = PolicyClient.from_urls(*fleet.urls)
+    sync = build_weight_sync(
+        cfg.sync,
+        group,
+        engines,
+        run.weights,
+        dtype=cfg.engine.dtype,
+        policy=policy,
+        restart_dead=group.restart_dead_engines,
+    )
+    return engines, policy, sync
 
 
 def _task_sources(cfg: TrainConfig) -> tuple[TaskSource, list[dict[str, Any]]]:
