@@ -101,6 +101,27 @@ def test_kl_k3_and_entropy_bonus_by_hand():
 
 
 @pytest.mark.parametrize(
+    ("estimator", "value", "grad"),
+    [
+        # d = logp − ref = −0.5; ∂/∂logp of k1 = 1, of k2 = d, of k3 = 1 − exp(−d)
+        ("k1", -0.5, 1.0),
+        ("k2", 0.125, -0.5),
+        ("k3", E(0.5) - 0.5 - 1, 1 - E(0.5)),
+    ],
+)
+def test_kl_estimators_in_the_loss_by_hand(estimator, value, grad):
+    logp = t([[0.0, -1.5]]).requires_grad_()
+    ref = t([[0.0, -1.0]])
+    mask = t([[0, 1]])
+    cfg = LossConfig(tis="none", kl_coef=0.1, kl_estimator=estimator)
+    loss, terms = total_loss(logp, logp.detach(), logp.detach(), t([0.0]), mask, cfg, ref_logp=ref)
+    assert terms.kl[0, 1].item() == pytest.approx(value, abs=1e-12)
+    assert loss.item() == pytest.approx(0.1 * value, abs=1e-12)  # the only loss token
+    (g,) = torch.autograd.grad(loss, logp)
+    assert g[0, 1].item() == pytest.approx(0.1 * grad, abs=1e-12)
+
+
+@pytest.mark.parametrize(
     ("aggregation", "expected"),
     [
         ("token-mean", -(1 + 1 + 1 + 4) / 4),
@@ -120,6 +141,9 @@ def test_aggregation_modes_by_hand(aggregation, expected):
     "cfg",
     [
         LossConfig(tis="truncate", kl_coef=0.2, entropy_coef=0.05),
+        LossConfig(
+            tis="none", kl_coef=0.3, kl_estimator="k2", aggregation="seq-mean", entropy_coef=0.02
+        ),
         LossConfig(policy_loss="gspo", aggregation="seq-mean", tis="mask", entropy_coef=0.01),
         LossConfig(
             aggregation="token-sum",
@@ -159,3 +183,5 @@ def test_config_errors_name_the_field():
         LossConfig(aggregation="mean")
     with pytest.raises(ConfigError, match=r"loss\.tis_cap"):
         LossConfig(tis_cap=0.5)
+    with pytest.raises(ConfigError, match=r"loss\.kl_estimator"):
+        LossConfig(kl_estimator="k4")

@@ -28,6 +28,7 @@ import dataclasses
 import difflib
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from hydra import compose, initialize
@@ -44,6 +45,7 @@ from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.rl.placement import PlacementConfig
 from vime.trainer.losses import LossConfig
+from vime.trainer.reference import ReferenceConfig
 from vime.trainer.step import TrainerConfig
 from vime.types import SamplingParams
 
@@ -51,6 +53,9 @@ GROUPS = ("env", "model", "trainer", "engine", "rollout")
 MODES = ("sync", "async")
 # disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
 SYNC_METHODS = ("disk", "nccl", "ipc")
+# Advantage estimators and over-long handling (vime.rl.advantages, docs/algorithms.md).
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+OVERLONG_MODES = ("none", "mask", "penalty")
 
 
 @dataclass
@@ -129,6 +134,11 @@ class RolloutConfig:
             progress=False,
         )
     )
+    # Algorithms (docs/algorithms.md; checked against each other in TrainConfig):
+    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
+    overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
+    kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")
@@ -157,6 +167,7 @@ class TrainConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     steps: int = 40
     seed: int = 0
     run_root: str = "runs"
@@ -173,6 +184,7 @@ class TrainConfig:
         require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
         require_choice(self.sync, "sync", SYNC_METHODS)
         self._check_sync()
+        self._check_algorithms()
         require(
             not (self.engine.url and self.placement.engine_urls),
             "engine.url",
@@ -185,6 +197,39 @@ class TrainConfig:
             f"must equal rollout.collector.sampling.temperature "
             f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
             "of the distribution the engine sampled from",
+        )
+
+    def _check_algorithms(self) -> None:
+        """The algorithm keys, and each key that needs another one set (named both)."""
+        r, loss = self.rollout, self.trainer.loss
+        require_choice(r.advantage, "rollout.advantage", ADVANTAGES)
+        require_choice(r.overlong, "rollout.overlong", OVERLONG_MODES)
+        require(r.kl_reward_coef >= 0, "rollout.kl_reward_coef", "must be >= 0 (0 = off)")
+        require(
+            r.overlong != "penalty" or r.overlong_penalty > 0,
+            "rollout.overlong_penalty",
+            "must be > 0 with rollout.overlong=penalty (it is subtracted from the reward)",
+        )
+        require(
+            r.overlong_penalty == 0 or r.overlong == "penalty",
+            "rollout.overlong_penalty",
+            f"is set but rollout.overlong={r.overlong!r}: set rollout.overlong=penalty",
+        )
+        require(
+            r.normalize_std or r.advantage == "grpo",
+            "rollout.normalize_std",
+            f"=false applies to rollout.advantage=grpo only (it is {r.advantage!r})",
+        )
+        kl_on = loss.kl_coef > 0 or r.kl_reward_coef > 0
+        require(
+            not self.reference.path or kl_on,
+            "reference.path",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+        )
+        require(
+            not self.reference.path or Path(self.reference.path, "config.json").exists(),
+            "reference.path",
+            f"{self.reference.path} is not an HF checkpoint folder (no config.json)",
         )
 
     def _check_sync(self) -> None:

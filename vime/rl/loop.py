@@ -45,6 +45,7 @@ from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
 from vime.models.tiny import build_tiny_model
 from vime.observability.metrics import MetricsLog, plot_curves
+from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.evaluate import evaluate
@@ -54,9 +55,9 @@ from vime.rl.run_dir import RunDir, read_state, write_state
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.rl.warm_start import warm_start
 from vime.rl.weight_sync import DiskWeightSync
-from vime.trainer.losses import grpo_advantages
+from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
-from vime.types import Episode, Sample
+from vime.types import Episode
 
 log = logging.getLogger("vime.train")
 T = TypeVar("T")
@@ -83,6 +84,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     ranks = Ranks.start(cfg.placement, external=len(external))
     run, model_dir = ranks.from_driver(lambda: _prepare(cfg))
     trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
+    reference = _reference(cfg, model_dir)
 
     with contextlib.ExitStack() as cleanup:
         fleet = cleanup.enter_context(
@@ -90,7 +92,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
             )
         )
-        group = TrainerGroup(trainer, ranks, fleet)
+        group = TrainerGroup(trainer, ranks, fleet, reference)
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
             group.follow()
             return TrainResult(run.root, cfg.steps)
@@ -120,9 +122,12 @@ def train(cfg: TrainConfig) -> TrainResult:
         for step in range(start + 1, cfg.steps + 1):
             t0 = time.perf_counter()
             episodes, rollout_stats = runner.episodes_for(step, version)
-            samples, adv_stats = make_samples(episodes, cfg, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
+                # π_ref's log-probs (a KL term) run on the trainer's ranks, before the
+                # advantages: a KL reward penalty changes the rewards they are made from.
+                ref = group.reference_logprobs if reference is not None else None
+                samples, adv_stats = make_samples(episodes, cfg, version, ref)
                 train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
@@ -259,39 +264,6 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
     return out
 
 
-def make_samples(
-    episodes: list[Episode], cfg: TrainConfig, version: int
-) -> tuple[list[Sample], dict[str, float]]:
-    """Filter episodes into training samples with GRPO advantages.
-
-    Drops untrainable episodes (error/aborted, nothing sampled), episodes older than
-    ``max_staleness`` versions, and (``filter_groups``) groups whose rewards are all equal;
-    keeps at most ``batch_size`` groups.
-    """
-    keep = [ep for ep in episodes if ep.trainable]
-    fresh = [ep for ep in keep if ep.min_weight_version >= version - cfg.rollout.max_staleness]
-    groups: dict[str, list[Episode]] = {}
-    for ep in fresh:
-        groups.setdefault(ep.group_id, []).append(ep)
-    total_groups = len(groups)
-    if cfg.rollout.filter_groups:
-        groups = {g: eps for g, eps in groups.items() if len({ep.reward for ep in eps}) > 1}
-    chosen = list(groups.values())[: cfg.rollout.batch_size]
-    flat = [ep for eps in chosen for ep in eps]
-    advantages = grpo_advantages(
-        [ep.reward for ep in flat],
-        [ep.group_id for ep in flat],
-        normalize_std=cfg.rollout.normalize_std,
-    )
-    samples = [Sample.from_episode(ep, adv) for ep, adv in zip(flat, advantages, strict=True)]
-    stats = {
-        "samples/trained": float(len(samples)),
-        "samples/stale_dropped": float(len(keep) - len(fresh)),
-        "samples/groups_kept_frac": len(chosen) / max(total_groups, 1),
-    }
-    return samples, stats
-
-
 # ---------------------------------------------------------------- setup helpers
 
 
@@ -317,6 +289,15 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
         return base
     cache = Path(os.environ.get("VIME_CACHE_DIR", PROJECT_ROOT / ".cache")) / "models"
     return warm_start(base, cfg.model, cfg.env, cache)
+
+
+def _reference(cfg: TrainConfig, model_dir: Path) -> ReferenceModel | None:
+    """(Every rank.) The frozen π_ref when a KL term is on: ``reference.path``, else the
+    policy's starting weights; None without a KL term."""
+    if not needs_reference(cfg):
+        return None
+    path = Path(cfg.reference.path) if cfg.reference.path else model_dir
+    return ReferenceModel(path, cfg.trainer, offload=cfg.reference.offload)
 
 
 def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:

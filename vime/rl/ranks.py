@@ -34,10 +34,12 @@ import torch.distributed as dist
 
 from vime.engine.config import EngineConfig
 from vime.engine.fleet import EngineFleet
+from vime.errors import TrainerError
 from vime.net import address_towards
 from vime.rl.gpu_sync import Push, gather_and_push
 from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
 from vime.trainer.parallel import init_distributed
+from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
 from vime.types import Sample
 
@@ -159,16 +161,28 @@ class TrainerGroup:
         >>> TrainerGroup(trainer, ranks).export_hf("runs/x/weights/v000001")  # doctest: +SKIP
     """
 
-    def __init__(self, trainer: Trainer, ranks: Ranks, fleet: EngineFleet | None = None) -> None:
+    def __init__(
+        self,
+        trainer: Trainer,
+        ranks: Ranks,
+        fleet: EngineFleet | None = None,
+        reference: ReferenceModel | None = None,
+    ) -> None:
         self.trainer = trainer
         self.ranks = ranks
         self.fleet = fleet or EngineFleet([], [])
+        self.reference = reference  # the frozen π_ref of a KL term, on every rank
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
 
     def train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
         """One optimizer step on every rank; each trains its token-balanced share."""
         return self._call("train_step", list(samples))
+
+    def reference_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """The reference model's per-token log-probs of ``samples`` (every rank computes its
+        share at the trainer's TP/PP/DP; every rank gets all rows)."""
+        return self._call("reference_logprobs", list(samples))
 
     def export_hf(self, folder: str | Path) -> Path | None:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
@@ -219,4 +233,8 @@ class TrainerGroup:
             return [url for urls in self.ranks.all_gather(restarted) for url in urls]
         if name == "send_weights":
             return gather_and_push(self.trainer.module, *args)
+        if name == "reference_logprobs":
+            if self.reference is None:
+                raise TrainerError("no reference model: the run has no KL term")
+            return self.reference.compute_logprobs(*args)
         return getattr(self.trainer, name)(*args)

@@ -5,14 +5,16 @@ tokens the policy sampled) and is plain differentiable torch: no model, no distr
 
 The step objective is
 
-    L = Σ_rows w_i · Σ_t mask_it · ( tis_it · pg_it + kl_coef · k3_it − entropy_coef · H_it ) / D
+    L = Σ_rows w_i · Σ_t mask_it · ( tis_it · pg_it + kl_coef · kl_it − entropy_coef · H_it ) / D
 
 - ``pg``: PPO-clip with asymmetric ranges ``[1 − eps_low, 1 + eps_high]`` (token ratios),
   or GSPO (one length-normalised ratio per sequence, clipped per sequence);
 - ``tis``: the rollout correction ``exp(old − rollout)``, truncated at ``tis_cap`` (TIS) or
   tokens outside ``[tis_low, tis_high]`` masked out (ICE-POP style); how many tokens were
   touched is reported as ``tis_clip_frac``;
-- ``k3``: the KL estimator ``exp(ref − logp) − (ref − logp) − 1`` to a reference model;
+- ``kl``: an estimate of KL(π ‖ π_ref) per sampled token, ``kl_estimator`` one of (with
+  ``d = logp − ref``) ``k1 = d``, ``k2 = d² / 2``, ``k3 = exp(−d) + d − 1`` (Schulman's
+  estimators; k3 is unbiased and never negative, the usual choice for the loss);
 - ``H``: the policy's entropy (a bonus: it is subtracted).
 
 Aggregation (``LossConfig.aggregation``) sets the weights ``w_i`` and the denominator ``D``
@@ -45,6 +47,7 @@ from vime.config import require, require_choice
 POLICY_LOSSES = ("ppo", "gspo")
 AGGREGATIONS = ("token-mean", "seq-mean", "token-sum")
 TIS_MODES = ("none", "truncate", "mask")
+KL_ESTIMATORS = ("k1", "k2", "k3")
 
 
 @dataclass
@@ -66,10 +69,12 @@ class LossConfig:
     tis_low: float = 0.5
     tis_high: float = 2.0
     kl_coef: float = 0.0
+    kl_estimator: str = "k3"  # also the estimator of the KL reward penalty (rollout.kl_reward_coef)
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:
         require_choice(self.policy_loss, "loss.policy_loss", POLICY_LOSSES)
+        require_choice(self.kl_estimator, "loss.kl_estimator", KL_ESTIMATORS)
         require_choice(self.aggregation, "loss.aggregation", AGGREGATIONS)
         require_choice(self.tis, "loss.tis", TIS_MODES)
         require(0 <= self.eps_low < 1, "loss.eps_low", f"must be in [0, 1), got {self.eps_low}")
@@ -119,6 +124,28 @@ def grpo_advantages(
         for i, a in zip(idx, centred.tolist(), strict=True):
             out[i] = a
     return out
+
+
+def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:
+    """Per-token estimate of KL(π ‖ π_ref) from the sampled tokens' log-probs.
+
+    With ``d = logp − ref_logp``: ``k1 = d``, ``k2 = d² / 2``, ``k3 = exp(−d) + d − 1``.
+    k1 is unbiased but can be negative; k2 and k3 are never negative (k3 is unbiased).
+
+    Example:
+        >>> import torch
+        >>> lp, ref = torch.tensor([-1.0]), torch.tensor([-2.0])
+        >>> [round(kl_estimate(lp, ref, k).item(), 4) for k in ("k1", "k2", "k3")]
+        [1.0, 0.5, 0.3679]
+    """
+    d = logp - ref_logp
+    if estimator == "k1":
+        return d
+    if estimator == "k2":
+        return 0.5 * d * d
+    if estimator == "k3":
+        return torch.exp(-d) + d - 1
+    raise ValueError(f"kl_estimator={estimator!r}: choose one of {KL_ESTIMATORS}")
 
 
 @dataclass
@@ -189,8 +216,7 @@ def policy_loss(
     per_token = tis_weight * pg
     kl = torch.zeros_like(logp)
     if ref_logp is not None:
-        log_r = ref_logp - logp
-        kl = torch.exp(log_r) - log_r - 1
+        kl = kl_estimate(logp, ref_logp.to(logp.dtype), cfg.kl_estimator)
         if cfg.kl_coef:
             per_token = per_token + cfg.kl_coef * kl
     if entropy is not None and cfg.entropy_coef:

@@ -1,0 +1,256 @@
+"""From a step's episodes to training samples: rewards, advantages, the KL penalty.
+
+:func:`make_samples` is the whole path, in order:
+
+1. drop what cannot be trained on (error/aborted, nothing sampled) and episodes older
+   than ``rollout.max_staleness`` weight versions;
+2. over-long episodes (``truncated`` by ``max_tokens``, ``max_model_len`` or the engine's
+   ``context_length``; :func:`is_overlong`): ``rollout.overlong=penalty`` subtracts
+   ``rollout.overlong_penalty`` from their reward, ``mask`` keeps them in their group's
+   baseline but out of the loss, ``none`` treats them as any other episode;
+3. ``rollout.filter_groups``: drop groups whose rewards are all equal (zero advantage, no
+   signal); keep at most ``rollout.batch_size`` groups;
+4. reference log-probs (when a KL term is on) for every kept sample;
+   ``rollout.kl_reward_coef`` β > 0 subtracts the sequence's KL from its reward:
+   ``r_i ← r_i − β · Σ_t mask_it · kl_it`` (kl of the sampled tokens, rollout log-probs
+   against the reference's, estimator ``trainer.loss.kl_estimator``);
+5. advantages by ``rollout.advantage`` (the functions below, each a formula).
+
+The KL *loss* term (``trainer.loss.kl_coef``) is applied by the trainer on the same
+reference log-probs (:mod:`vime.trainer.losses`).
+
+Example:
+    >>> rloo([1.0, 0.0, 0.0], ["g", "g", "g"])
+    [1.0, -0.5, -0.5]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+from vime.rl.config import ADVANTAGES, TrainConfig
+from vime.trainer.losses import grpo_advantages, kl_estimate
+from vime.types import Episode, EpisodeStatus, Sample
+
+# Truncation reasons that mean "the answer did not fit" (vime.agents.episode's endings).
+OVERLONG_REASONS = ("max_tokens", "max_model_len", "context_length")
+EPS = 1e-6
+
+ReferenceFn = Callable[[list[Sample]], list[list[float]]]
+
+
+def _by_group(group_ids: Sequence[str]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = {}
+    for i, g in enumerate(group_ids):
+        groups.setdefault(g, []).append(i)
+    return groups
+
+
+def _whiten(x: list[float], eps: float = EPS) -> list[float]:
+    """``(x − mean) / (std + eps)`` over the whole list (population std)."""
+    mean = sum(x) / max(len(x), 1)
+    std = math.sqrt(sum((v - mean) ** 2 for v in x) / max(len(x), 1))
+    return [(v - mean) / (std + eps) for v in x]
+
+
+def grpo(
+    rewards: Sequence[float], group_ids: Sequence[str], *, normalize_std: bool = True
+) -> list[float]:
+    """GRPO: ``A_i = (r_i − mean_g r) / (std_g r + 1e-6)`` over the sample's group g;
+    ``normalize_std=False`` gives ``A_i = r_i − mean_g r`` (Dr.GRPO).
+
+    Example:
+        >>> grpo([1.0, 0.0], ["g", "g"], normalize_std=False)
+        [0.5, -0.5]
+    """
+    return grpo_advantages(rewards, group_ids, normalize_std=normalize_std, eps=EPS)
+
+
+def rloo(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
+    """RLOO: ``A_i = r_i − (Σ_{j∈g, j≠i} r_j) / (n_g − 1)`` (leave-one-out baseline, so the
+    baseline does not depend on the sample it judges); a group of one gets 0.
+
+    Example:
+        >>> rloo([3.0, 1.0, 2.0], ["g", "g", "g"])
+        [1.5, -1.5, 0.0]
+    """
+    out = [0.0] * len(rewards)
+    for idx in _by_group(group_ids).values():
+        if len(idx) < 2:
+            continue
+        total = sum(rewards[i] for i in idx)
+        for i in idx:
+            out[i] = rewards[i] - (total - rewards[i]) / (len(idx) - 1)
+    return out
+
+
+def reinforce_pp(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
+    """REINFORCE++: ``A_i = (r_i − mean_B r) / (std_B r + 1e-6)``, normalised over the
+    whole batch B (no group baseline; groups are ignored).
+
+    Example:
+        >>> [round(a, 4) for a in reinforce_pp([1.0, 0.0, 0.0, 1.0], ["a", "a", "b", "b"])]
+        [1.0, -1.0, -1.0, 1.0]
+    """
+    return _whiten([float(r) for r in rewards])
+
+
+def reinforce_pp_baseline(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:
+    """REINFORCE++ with baseline: ``c_i = r_i − mean_g r`` (group mean), then
+    ``A_i = (c_i − mean_B c) / (std_B c + 1e-6)`` over the whole batch B.
+
+    Example:
+        >>> [round(a, 4) for a in reinforce_pp_baseline([2.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])]
+        [1.4142, -1.4142, 0.0, 0.0]
+    """
+    centred = grpo(rewards, group_ids, normalize_std=False)
+    return _whiten(centred)
+
+
+def advantages(
+    name: str, rewards: Sequence[float], group_ids: Sequence[str], *, normalize_std: bool = True
+) -> list[float]:
+    """The advantages of estimator ``name`` (one of :data:`ADVANTAGES`).
+
+    Example:
+        >>> advantages("rloo", [1.0, 0.0], ["g", "g"])
+        [1.0, -1.0]
+    """
+    if name == "grpo":
+        return grpo(rewards, group_ids, normalize_std=normalize_std)
+    estimators = {
+        "rloo": rloo,
+        "reinforce_pp": reinforce_pp,
+        "reinforce_pp_baseline": reinforce_pp_baseline,
+    }
+    if name not in estimators:
+        raise ValueError(f"rollout.advantage={name!r}: choose one of {ADVANTAGES}")
+    return estimators[name](rewards, group_ids)
+
+
+def is_overlong(ep: Episode) -> bool:
+    """True for an episode truncated because its answer did not fit (a token limit).
+
+    Example:
+        >>> is_overlong(Episode("t", "e", [1, 2], [0, 1], [0, -1], status="truncated", reason="max_tokens"))
+        True
+    """
+    return ep.status is EpisodeStatus.TRUNCATED and ep.reason.split(":")[0] in OVERLONG_REASONS
+
+
+def sequence_kl(
+    samples: Sequence[Sample], ref: Sequence[Sequence[float]], estimator: str
+) -> list[float]:
+    """``Σ_t mask_t · kl_t`` per sample: its rollout log-probs against the reference's.
+
+    Example:
+        >>> s = Sample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0])
+        >>> sequence_kl([s], [[0.0, -2.0, -1.0]], "k1")
+        [1.0]
+    """
+    out = []
+    for s, r in zip(samples, ref, strict=True):
+        kl = kl_estimate(
+            torch.tensor(s.rollout_logprobs, dtype=torch.float64),
+            torch.tensor(r, dtype=torch.float64),
+            estimator,
+        )
+        out.append(float((kl * torch.tensor(s.loss_mask, dtype=torch.float64)).sum()))
+    return out
+
+
+def select_groups(
+    episodes: list[Episode], cfg: TrainConfig, version: int
+) -> tuple[list[list[Episode]], dict[str, float]]:
+    """Steps 1-3 of :func:`make_samples`: the groups a step can train on (all of them, not
+    cut to ``batch_size``; the refill counts them) and the drop counts.
+
+    Example (skipped as a doctest: it needs a config and episodes):
+        >>> groups, stats = select_groups(episodes, cfg, version=3)  # doctest: +SKIP
+    """
+    keep = [ep for ep in episodes if ep.trainable]
+    fresh = [ep for ep in keep if ep.min_weight_version >= version - cfg.rollout.max_staleness]
+    groups: dict[str, list[Episode]] = {}
+    for ep in fresh:
+        groups.setdefault(ep.group_id, []).append(ep)
+    total = len(groups)
+    if cfg.rollout.filter_groups:
+        groups = {
+            g: eps for g, eps in groups.items() if len({shaped_reward(ep, cfg) for ep in eps}) > 1
+        }
+    stats = {
+        "samples/stale_dropped": float(len(keep) - len(fresh)),
+        "samples/groups_total": float(total),
+    }
+    return list(groups.values()), stats
+
+
+def shaped_reward(ep: Episode, cfg: TrainConfig) -> float:
+    """The env's reward, less ``rollout.overlong_penalty`` for an over-long episode under
+    ``rollout.overlong=penalty``.
+
+    Example (skipped as a doctest: it needs a config):
+        >>> shaped_reward(truncated_episode, cfg)  # doctest: +SKIP
+        -1.0
+    """
+    if cfg.rollout.overlong == "penalty" and is_overlong(ep):
+        return ep.reward - cfg.rollout.overlong_penalty
+    return ep.reward
+
+
+def make_samples(
+    episodes: list[Episode], cfg: TrainConfig, version: int, reference: ReferenceFn | None = None
+) -> tuple[list[Sample], dict[str, float]]:
+    """Training samples with advantages, and the step's sample metrics (see the module
+    docstring for the steps). ``reference`` gives the reference log-probs of samples (the
+    trainer ranks' :class:`~vime.trainer.reference.ReferenceModel`); without it no KL.
+
+    Example (skipped as a doctest: it needs a config and episodes):
+        >>> samples, stats = make_samples(episodes, cfg, version=3)  # doctest: +SKIP
+    """
+    groups, stats = select_groups(episodes, cfg, version)
+    chosen = groups[: cfg.rollout.batch_size]
+    flat = [ep for eps in chosen for ep in eps]
+    rewards = [shaped_reward(ep, cfg) for ep in flat]
+    samples = [Sample.from_episode(ep, 0.0) for ep in flat]
+    if reference is not None and samples:
+        ref = reference(samples)
+        for s, lp in zip(samples, ref, strict=True):
+            s.ref_logprobs = list(lp)
+        beta = cfg.rollout.kl_reward_coef
+        if beta:
+            seq_kl = sequence_kl(samples, ref, cfg.trainer.loss.kl_estimator)
+            rewards = [r - beta * k for r, k in zip(rewards, seq_kl, strict=True)]
+            stats["kl/reward_penalty"] = beta * sum(seq_kl) / len(seq_kl)
+    adv = advantages(
+        cfg.rollout.advantage,
+        rewards,
+        [ep.group_id for ep in flat],
+        normalize_std=cfg.rollout.normalize_std,
+    )
+    for s, a, reward in zip(samples, adv, rewards, strict=True):
+        s.advantage, s.reward = a, reward
+    overlong = [is_overlong(ep) for ep in flat]
+    if cfg.rollout.overlong == "mask":  # in the group baselines above, out of the loss here
+        samples = [s for s, o in zip(samples, overlong, strict=True) if not o]
+    stats.update(
+        {
+            "samples/trained": float(len(samples)),
+            "samples/groups_kept_frac": len(chosen) / max(stats["samples/groups_total"], 1.0),
+            "samples/overlong_frac": sum(overlong) / max(len(flat), 1),
+        }
+    )
+    return samples, stats
+
+
+def needs_reference(cfg: TrainConfig) -> bool:
+    """True when a KL term is on (loss or reward), so the run builds a reference model.
+
+    Example (skipped as a doctest: it needs a config):
+        >>> needs_reference(load_config(["trainer.loss.kl_coef=0.05"]))  # doctest: +SKIP
+        True
+    """
+    return cfg.trainer.loss.kl_coef > 0 or cfg.rollout.kl_reward_coef > 0
