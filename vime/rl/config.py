@@ -139,6 +139,7 @@ class RolloutConfig:
     overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
     overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
     kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
+    refill_retries: int = 0  # extra draws when filter_groups leaves fewer than batch_size
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")
@@ -205,6 +206,7 @@ class TrainConfig:
         require_choice(r.advantage, "rollout.advantage", ADVANTAGES)
         require_choice(r.overlong, "rollout.overlong", OVERLONG_MODES)
         require(r.kl_reward_coef >= 0, "rollout.kl_reward_coef", "must be >= 0 (0 = off)")
+        require(r.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
         require(
             r.overlong != "penalty" or r.overlong_penalty > 0,
             "rollout.overlong_penalty",
@@ -219,6 +221,11 @@ class TrainConfig:
             r.normalize_std or r.advantage == "grpo",
             "rollout.normalize_std",
             f"=false applies to rollout.advantage=grpo only (it is {r.advantage!r})",
+        )
+        require(
+            r.refill_retries == 0 or r.mode == "sync",
+            "rollout.refill_retries",
+            "needs rollout.mode=sync (async draws the next step's tasks ahead)",
         )
         kl_on = loss.kl_coef > 0 or r.kl_reward_coef > 0
         require(
