@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 from _trainer_models import make_hf_checkpoint
 from _trainer_samples import random_samples
 
@@ -34,6 +35,8 @@ def test_reference_equals_the_starting_model_and_stays_frozen(hf_checkpoints, di
     assert max(gaps) > 1e-3
     assert ref.compute_logprobs(samples) == start  # training the policy left π_ref alone
     assert not any(p.requires_grad for p in ref.module.parameters())
+    if torch.cuda.is_available():  # offloaded: in host memory between uses
+        assert all(p.device.type == "cpu" for p in ref.module.parameters())
     with pytest.raises(TrainerError, match="frozen"):
         ref.train_step(samples)
 
