@@ -169,6 +169,7 @@ def test_advantage_key_selects_the_estimator():
         (["reference.path=/tmp"], r"reference\.path.*trainer\.loss\.kl_coef.*kl_reward_coef"),
         (["rollout.advantage=ppo"], r"rollout\.advantage"),
         (["trainer.loss.kl_estimator=k4"], r"kl_estimator"),
+        (["trainer.loss.kl_estimator=k1"], r"kl_estimator.*trainer\.loss\.kl_coef"),
     ],
 )
 def test_config_checks_name_both_keys(overrides, named):

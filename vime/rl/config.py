@@ -234,6 +234,11 @@ class TrainConfig:
             "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
         )
         require(
+            loss.kl_estimator == "k3" or kl_on,
+            "trainer.loss.kl_estimator",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+        )
+        require(
             not self.reference.path or Path(self.reference.path, "config.json").exists(),
             "reference.path",
             f"{self.reference.path} is not an HF checkpoint folder (no config.json)",
