@@ -62,6 +62,17 @@ class WeightSyncError(EngineError):
     """Pushing trainer weights into an engine failed after retries."""
 
 
+class RolloutError(VimeError):
+    """A step's rollouts failed beyond the run's budget (``rollout.max_error_frac``).
+
+    ``reasons`` maps each failure reason to its episode count, most frequent first.
+    """
+
+    def __init__(self, message: str, *, reasons: dict[str, int] | None = None) -> None:
+        super().__init__(message)
+        self.reasons = dict(reasons or {})
+
+
 class TemplateError(VimeError):
     """The chat template is not append-only: earlier tokens are not a prefix of the new render."""
 

@@ -13,7 +13,9 @@ One episode, from the top::
     chat.close()                                                 # the template's end-of-turn glue
 
 One episode is a :class:`~vime.agents.episode.EpisodeRun` (:mod:`vime.agents.episode`);
-this module runs many at once (workers sharing a job queue, streaming, abort).
+this module runs many at once (workers sharing a job queue, streaming, abort, and
+:meth:`Collector.rerun` for episodes an engine lost). Env calls run on daemon threads
+(:class:`EnvThreads`): an env hung for good cannot keep the process from exiting.
 
 Tasks are drawn ``n_samples`` times each (a GRPO group shares ``group_id``). Limits end
 an episode visibly as ``truncated`` with the reason: ``max_turns`` (the env's registered
@@ -47,9 +49,11 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import queue
+import threading
 import uuid
-from collections.abc import AsyncGenerator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncGenerator, Callable
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -167,10 +171,7 @@ class Collector:
         self.tokenizer = tokenizer
         self.config = config or CollectorConfig()
         self.parser = get_parser(self.config.tool_parser)
-        self._pool = ThreadPoolExecutor(
-            max_workers=self.config.env_workers or self.config.concurrency,
-            thread_name_prefix="vime-env",
-        )
+        self._pool = EnvThreads(self.config.env_workers or self.config.concurrency, "vime-env")
         self._abort = asyncio.Event()
         self._budget: int | None = None
         self._prompt_cache: dict[str, list[int]] = {}
@@ -185,6 +186,30 @@ class Collector:
         """
         found = [item async for item in self._iterate(tasks, env)]
         found.sort(key=lambda item: (item[0], item[1].sample_index))
+        return [ep for _, ep in found]
+
+    async def rerun(
+        self, episodes: list[Episode], tasks: list[dict[str, Any]], env: str | EnvFactory
+    ) -> list[Episode]:
+        """Play ``episodes`` again, each as the same task, group and sample index (a new uid);
+        ``tasks`` holds their tasks (by id). Returns the new episodes in the same order.
+
+        The RL loop re-plays episodes an engine lost, so that their GRPO group is complete.
+
+        Example (skipped as a doctest: it samples from a running vLLM server):
+            >>> again = await collector.rerun(lost, tasks, "vime/Math-v0")  # doctest: +SKIP
+            >>> [e.group_id for e in again] == [e.group_id for e in lost]  # doctest: +SKIP
+            True
+        """
+        by_id = {str(t["id"]): t for t in tasks if isinstance(t, dict) and "id" in t}
+        missing = sorted({ep.task_id for ep in episodes} - set(by_id))
+        if missing:
+            raise EnvError(f"collector.rerun: no task given for ids {missing[:5]}")
+        jobs = [(k, ep.sample_index, ep.group_id) for k, ep in enumerate(episodes)]
+        found = [
+            item async for item in self._iterate([by_id[ep.task_id] for ep in episodes], env, jobs)
+        ]
+        found.sort(key=lambda item: item[0])
         return [ep for _, ep in found]
 
     async def stream(
@@ -221,16 +246,22 @@ class Collector:
             yield sorted(group, key=lambda e: e.sample_index)
 
     async def _iterate(
-        self, tasks: list[dict[str, Any]], env: str | EnvFactory
+        self,
+        tasks: list[dict[str, Any]],
+        env: str | EnvFactory,
+        only: list[tuple[int, int, str]] | None = None,
     ) -> AsyncGenerator[tuple[int, Episode], None]:
-        """(task index, episode) as episodes finish; ``concurrency`` workers share one job queue."""
+        """(task index, episode) as episodes finish; ``concurrency`` workers share one job queue.
+
+        A job is (task index, sample index, group id): every task ``n_samples`` times in a
+        new group, or just the jobs ``only`` lists (a re-run).
+        """
         factory = _factory(env)
-        jobs: asyncio.Queue[tuple[int, int, str] | None] = asyncio.Queue()
-        for k, task in enumerate(tasks):
+        for task in tasks:
             _check_task(task)
-            group = f"{task['id']}:{uuid.uuid4().hex[:8]}"
-            for i in range(self.config.n_samples):
-                jobs.put_nowait((k, i, group))
+        jobs: asyncio.Queue[tuple[int, int, str] | None] = asyncio.Queue()
+        for job in only if only is not None else self._jobs(tasks):
+            jobs.put_nowait(job)
         total = jobs.qsize()
         if total == 0:
             return
@@ -273,6 +304,14 @@ class Collector:
             await asyncio.gather(*running, return_exceptions=True)
             if self.config.gc_freeze:
                 _gc_release()
+
+    def _jobs(self, tasks: list[dict[str, Any]]) -> list[tuple[int, int, str]]:
+        """Every task ``n_samples`` times, each task in a new group (a GRPO group)."""
+        jobs = []
+        for k, task in enumerate(tasks):
+            group = f"{task['id']}:{uuid.uuid4().hex[:8]}"
+            jobs += [(k, i, group) for i in range(self.config.n_samples)]
+        return jobs
 
     def abort(self) -> None:
         """Stop: start no new episodes; running ones end as ``aborted`` after their current turn.
@@ -339,3 +378,68 @@ def _factory(env: str | EnvFactory) -> EnvFactory:
     if not callable(env):
         raise EnvError(f"collector: env must be a registered id or a factory, got {env!r:.80}")
     return env
+
+
+class EnvThreads(Executor):
+    """The threads env calls run in: daemon threads, so that a hung env cannot hang exit.
+
+    An env call that outlives ``collector.env_timeout_s`` ends its episode, but its thread
+    cannot be killed and stays in the call. ``ThreadPoolExecutor`` joins its threads when
+    the interpreter exits, so one env hung for good would keep ``vime-agent train`` from
+    ever exiting (also after Ctrl-C); these threads are not joined. A hung call holds its
+    thread: at most ``max_workers`` run at once, hung or not.
+
+    Example:
+        >>> pool = EnvThreads(2, "demo")
+        >>> pool.submit(sum, [1, 2]).result()
+        3
+        >>> pool.shutdown()
+    """
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        self._max = max_workers
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]
+        self._jobs = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)  # one release per thread waiting for a job
+        self._threads = 0
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name}: cannot run env calls after close()")
+            self._jobs.put((future, lambda: fn(*args, **kwargs)))
+            if not self._idle.acquire(timeout=0) and self._threads < self._max:
+                self._threads += 1
+                name = f"{self._name}_{self._threads}"
+                threading.Thread(target=self._work, name=name, daemon=True).start()
+        return future
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, call = job
+            if future.set_running_or_notify_cancel():  # False: cancelled (timed out) queued
+                try:
+                    future.set_result(call())
+                except BaseException as err:
+                    future.set_exception(err)
+            del job, future, call  # drop the result before waiting for the next job
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """Stop the threads once their current call returns (``wait`` is not honoured:
+        a hung call would never return)."""
+        with self._lock:
+            self._closed = True
+            while cancel_futures:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job is not None:
+                    job[0].cancel()
+            for _ in range(self._threads):
+                self._jobs.put(None)

@@ -12,7 +12,9 @@ Every way an episode ends is one :class:`Ending` (status + reason): a limit rais
 inside a turn or the turn returns it, and exceptions from the env, the engine or the
 chat template become one in a single place (``EpisodeRun._guard``). Env calls run in
 the collector's thread pool with ``env_timeout_s``; a cancelled episode still closes
-its env there, without waiting for it.
+its env there, without waiting for it. A raw env (not built by ``vime.make``, whose
+wrappers check it) has its ``reset``/``step`` results checked here the same way, so a
+wrong tuple, bad messages or a NaN reward make an ``error`` episode saying what is wrong.
 
 Example:
     >>> end = Ending(EpisodeStatus.TRUNCATED, "max_turns")
@@ -29,7 +31,7 @@ import time
 import uuid
 import zlib
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -41,6 +43,8 @@ from vime.agents.policy_client import (
     PolicyClient,
 )
 from vime.agents.tool_parsers import ToolParser
+from vime.envs.contract import validate_reset_result, validate_step_result
+from vime.envs.wrappers import EpisodeGuard
 from vime.errors import EngineError, EnvError, TemplateError
 from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn
 
@@ -62,14 +66,35 @@ Every episode needs a bound (an env step may cost a sandbox call); 8 is the limi
 # Env ids already warned about running on FALLBACK_MAX_TURNS (once per process each).
 _FALLBACK_WARNED: set[str] = set()
 
+ENGINE_UNAVAILABLE = "engine unavailable"
+"""The reason prefix of an episode aborted because no engine answered (killed, hung)."""
+
+ENGINE_ABORTED = "the engine aborted the request"
+"""The reason of an episode whose request the engine itself aborted (shutting down)."""
+
 # Exceptions that end an episode, checked in this order (subclasses first), with the
 # status and the reason prefix they give it. Anything else is a bug or a raw env error.
 _FAILURES: tuple[tuple[type[Exception], EpisodeStatus, str], ...] = (
-    (EngineUnavailableError, EpisodeStatus.ABORTED, "engine unavailable"),
+    (EngineUnavailableError, EpisodeStatus.ABORTED, ENGINE_UNAVAILABLE),
     (EngineError, EpisodeStatus.ERROR, "engine error"),
     (EnvError, EpisodeStatus.ERROR, "env error"),
     (TemplateError, EpisodeStatus.ERROR, "template error"),
 )
+
+
+def lost_to_engine(episode: Episode) -> bool:
+    """Whether ``episode`` was aborted because its engine was unavailable (so worth playing
+    again once the engine is back); env errors and a caller's abort are not.
+
+    Example:
+        >>> ep = Episode("t", "e", [], [], [], status=EpisodeStatus.ABORTED,
+        ...              reason="engine unavailable: http://127.0.0.1:8000: unreachable")
+        >>> lost_to_engine(ep)
+        True
+    """
+    if episode.status is not EpisodeStatus.ABORTED:
+        return False
+    return episode.reason.startswith(ENGINE_UNAVAILABLE) or episode.reason == ENGINE_ABORTED
 
 
 class Ending(Exception):
@@ -120,7 +145,7 @@ class EpisodeContext:
     tokenizer: Any
     settings: EpisodeSettings
     parser: ToolParser
-    pool: ThreadPoolExecutor
+    pool: Executor  # the collector's env threads
     abort: asyncio.Event  # set: the next turn ends the episode as aborted
     budget: int  # tokens per episode, prompt included
 
@@ -280,7 +305,7 @@ class EpisodeRun:
         turn = _turn_record(chat, out, action)
         self.turns.append(turn)
         if out.finish_reason == "abort":
-            raise Ending(EpisodeStatus.ABORTED, "the engine aborted the request")
+            raise Ending(EpisodeStatus.ABORTED, ENGINE_ABORTED)
         cut = out.finish_reason == "length" and settings.truncate_on_max_tokens
         last = turn_index == self.max_turns - 1
         new, terminated, truncated, info = await self._step(action, turn, cut or last)
@@ -375,7 +400,11 @@ class EpisodeRun:
         timeout = self.context.settings.env_timeout_s
         future = asyncio.get_running_loop().run_in_executor(self.context.pool, fn, *args)
         try:
-            return await asyncio.wait_for(future, timeout)
+            # Not asyncio.wait_for: on 3.11 it returns the result, swallowing a cancel that
+            # lands as the call finishes, and the cancelled episode (a closed stream, a
+            # shutdown) would play on.
+            async with asyncio.timeout(timeout):
+                return await future
         except TimeoutError:
             # The thread cannot be killed; it finishes on its own and its result is dropped.
             raise Ending(
@@ -489,13 +518,18 @@ def _start_env(
     env = factory()
     box.append(env)  # the caller closes it even if reset fails
     t0 = time.perf_counter()
-    messages, _info = env.reset(seed=seed, options={"task": task})
+    result = env.reset(seed=seed, options={"task": task})
+    if not isinstance(env, EpisodeGuard):  # vime.make's wrappers check it already
+        result = validate_reset_result(result)  # garbage: an EnvError naming what is wrong
+    messages, _info = result
     return messages, time.perf_counter() - t0
 
 
 def _step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, float] | None]:
     """(In a pool thread.) ``env.step``; then, if the episode is over, metrics and close."""
     result = env.step(action)
+    if not isinstance(env, EpisodeGuard):  # a raw env: a NaN reward must not become 0.0
+        result = validate_step_result(result)
     if not (closing or result[2] or result[3]):
         return result, None
     try:

@@ -118,6 +118,15 @@ class RolloutConfig:
     (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
     full batch. ``mode=async`` collects step n+1 while step n trains; samples older than
     ``max_staleness`` weight versions are dropped, the rest are corrected by TIS.
+
+    Faults (RELIABILITY.md): episodes lost to an unavailable engine (killed, or hung past
+    ``request_timeout_s`` per request try) are played again once the engine is back, at
+    most ``engine_retries`` rounds per step; a step where more than ``max_error_frac`` of
+    the episodes end in ``error`` stops the run with the reasons.
+
+    Example:
+        >>> RolloutConfig(engine_retries=0).max_error_frac
+        0.5
     """
 
     batch_size: int = 64
@@ -126,6 +135,9 @@ class RolloutConfig:
     mode: str = "sync"
     max_staleness: int = 1
     normalize_std: bool = True
+    engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
+    max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
+    request_timeout_s: float = 600.0  # per request try to the engine (a hung engine)
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(
             n_samples=8,
@@ -146,6 +158,13 @@ class RolloutConfig:
         require(self.oversample >= 1.0, "rollout.oversample", "must be >= 1.0")
         require_choice(self.mode, "rollout.mode", MODES)
         require(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
+        require(self.engine_retries >= 0, "rollout.engine_retries", "must be >= 0 (0 = none)")
+        require(
+            0.0 <= self.max_error_frac <= 1.0,
+            "rollout.max_error_frac",
+            "must be in [0, 1] (1 = never stop on env errors)",
+        )
+        require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0 seconds")
 
 
 @dataclass

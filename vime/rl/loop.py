@@ -8,7 +8,8 @@ Data safety: every step's episodes go to the run's :class:`~vime.buffer.DataBuff
 source position. On ``resume=RUN_DIR`` the loop restores the newest checkpoint, replays
 the buffered steps after it (the same episodes, in the same order, no recollection), and
 then continues collecting from the restored data position: no acknowledged episode is
-lost or trained on twice.
+lost or trained on twice. Rollout faults (an engine lost mid-step, env errors, Ctrl-C)
+are handled in :mod:`vime.rl.rollouts` (RELIABILITY.md lists each and its test).
 
 Example:
     $ vime-agent train                       # tiny model, env=math, 40 steps
@@ -18,30 +19,24 @@ Example:
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
 import os
 import sys
-import threading
 import time
-from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from omegaconf import OmegaConf
 
-import vime.envs as envs
 from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
-from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError
 from vime.models.tiny import build_tiny_model
 from vime.observability.metrics import MetricsLog, plot_curves
@@ -51,6 +46,7 @@ from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.evaluate import evaluate
 from vime.rl.gpu_sync import build_weight_sync
 from vime.rl.ranks import Ranks, TrainerGroup
+from vime.rl.rollouts import STOP, Rollouts
 from vime.rl.run_dir import RunDir, read_state, write_state
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.rl.warm_start import warm_start
@@ -60,7 +56,6 @@ from vime.trainer.step import Trainer
 from vime.types import Episode, EpisodeStatus
 
 log = logging.getLogger("vime.train")
-T = TypeVar("T")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -112,8 +107,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             sync.sync(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
         cleanup.callback(collector.close)
-        runner = _Rollouts(cfg, collector, buffer, tasks, policy, sync)
-        cleanup.callback(runner.close)
+        runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
+        runner.save = lambda s: _checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
             baseline = runner.run(evaluate(policy, model_dir, cfg, held_out))
@@ -151,117 +146,6 @@ def train(cfg: TrainConfig) -> TrainResult:
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
     console.done()
     return TrainResult(run.root, cfg.steps, metrics_log.read())
-
-
-# ---------------------------------------------------------------- rollouts
-
-
-class _Rollouts:
-    """Gives each step its episodes: replayed from the buffer, or collected (sync/async).
-
-    The collector's coroutines run on one event loop in a background thread, so that in
-    async mode step n+1's rollouts keep going while the main thread trains step n.
-    """
-
-    def __init__(
-        self,
-        cfg: TrainConfig,
-        collector: Collector,
-        buffer: DataBuffer,
-        tasks: TaskSource,
-        policy: PolicyClient,
-        sync: DiskWeightSync,
-    ) -> None:
-        self.cfg = cfg
-        self.collector = collector
-        self.buffer = buffer
-        self.tasks = tasks
-        self.policy = policy
-        self.sync = sync
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(
-            target=self.loop.run_forever, name="vime-rollouts", daemon=True
-        )
-        self.thread.start()
-        self.pending: concurrent.futures.Future[list[Episode]] | None = None
-        self.pending_step = -1
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Run ``coro`` on the rollout loop and wait for its result."""
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def close(self) -> None:
-        if self.pending is not None:
-            self.collector.abort()
-            with contextlib.suppress(Exception):
-                self.pending.result(timeout=60)
-        with contextlib.suppress(Exception):
-            self.run(self.policy.aclose())
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-
-    def _draw(self) -> list[dict[str, Any]]:
-        n = max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
-        return self.tasks.take(n)
-
-    def episodes_for(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
-        """The episodes step ``step`` trains on, and rollout metrics."""
-        drawn = self._draw()
-        if step in self.buffer.steps():
-            episodes = self.buffer.read_step(step)
-            replayed = {ep.task_id for ep in episodes}
-            if not replayed <= {t["id"] for t in drawn}:
-                raise ConfigError(
-                    f"resume: buffered step {step} holds tasks the restored data position did "
-                    "not draw; the task source changed since the run started (env.tasks.*)",
-                    key="env.tasks",
-                )
-            return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
-        if self.pending is not None and self.pending_step == step:
-            episodes = self.pending.result()
-        else:
-            episodes = self.run(self._collect(drawn))
-        self.pending = None
-        self.sync.recover()  # engines that died: back, at the current weights, before new work
-        self.buffer.append(episodes, step)
-        if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
-            # Step n+1's rollouts run while step n trains and syncs.
-            next_tasks = self._draw_ahead()
-            self.pending = asyncio.run_coroutine_threadsafe(self._collect(next_tasks), self.loop)
-            self.pending_step = step + 1
-        return episodes, rollout_metrics(episodes)
-
-    def _draw_ahead(self) -> list[dict[str, Any]]:
-        # The next step draws its tasks now; episodes_for(step+1) then draws again, so
-        # rewind the source to keep exactly one draw per step.
-        state = self.tasks.state_dict()
-        drawn = self._draw()
-        self.tasks.load_state_dict(state)
-        return drawn
-
-    async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
-        return await self.collector.collect(tasks, self._env_factory)
-
-    def _env_factory(self) -> EpisodeGuard:
-        return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
-
-
-def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
-    """Reward, status counts and token counts of one step's episodes."""
-    n = max(len(episodes), 1)
-    trainable = [ep for ep in episodes if ep.status.trainable]
-    out: dict[str, float] = {
-        "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
-        "rollout/episodes": float(len(episodes)),
-        "rollout/sampled_tokens": float(sum(ep.num_sampled_tokens for ep in episodes)),
-        "rollout/mean_response_len": sum(ep.num_sampled_tokens for ep in episodes) / n,
-    }
-    for status in ("completed", "truncated", "aborted", "error"):
-        out[f"rollout/{status}"] = sum(ep.status.value == status for ep in episodes) / n
-    seconds = [ep.timings.get("total_s", 0.0) for ep in episodes]
-    if seconds and max(seconds) > 0:
-        out["rollout/episode_s_max"] = max(seconds)
-    return out
 
 
 # ---------------------------------------------------------------- setup helpers
@@ -363,7 +247,7 @@ def _fleet_version(engines: list[EngineClient], version: int) -> int:
     return min((int(v) for v in reported), default=version)
 
 
-def _episodes(runner: _Rollouts, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+def _episodes(runner: Rollouts, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
     """The step's episodes: the runner's draw, refilled (:func:`_refill`) while
     ``filter_groups`` leaves fewer than ``batch_size`` groups (dynamic sampling).
 
@@ -393,7 +277,7 @@ def _episodes(runner: _Rollouts, step: int, version: int) -> tuple[list[Episode]
 
 
 def _refill(
-    runner: _Rollouts, step: int, version: int, episodes: list[Episode]
+    runner: Rollouts, step: int, version: int, episodes: list[Episode]
 ) -> tuple[list[Episode], int]:
     """Up to ``rollout.refill_retries`` more draws of the runner's size while fewer than
     ``batch_size`` groups survive; each round is buffered under the step before training.
@@ -417,7 +301,7 @@ def _refill(
     return episodes, rounds
 
 
-def _replay_refilled(runner: _Rollouts, step: int) -> tuple[list[Episode], int]:
+def _replay_refilled(runner: Rollouts, step: int) -> tuple[list[Episode], int]:
     """(Resume.) A buffered step with its refill rounds: the task source draws as many
     rounds as the step did (until every buffered task is among them), so that its
     position is the original run's. Returns the episodes and the refill rounds."""
@@ -483,7 +367,14 @@ def main(argv: list[str]) -> int:
     logging.getLogger("vime").setLevel(logging.INFO if rank0 else logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     cfg = load_config(argv)
-    result = train(cfg)
+    with STOP.installed():  # Ctrl-C: checkpoint the last completed step, stop the engines
+        try:
+            result = train(cfg)
+        except KeyboardInterrupt as stop:
+            print(
+                f"vime-agent train: {stop.args[0] if stop.args else 'interrupted'}", file=sys.stderr
+            )
+            return 130
     if rank0:
         print(f"run folder: {result.run_dir}", file=sys.stderr)
     return 0

