@@ -185,6 +185,9 @@ def test_failures_become_episodes_not_crashes(vllm_server, tok) -> None:
         n_samples=2,
         max_turns=3,
         sampling=SamplingParams(max_tokens=4),
+        # Every turn reaches the env: a random model's malformed tool call would otherwise
+        # be answered by the collector, and the crashing step might never run.
+        tool_parse_errors="env",
     )
     for ep in crash:
         assert ep.status is EpisodeStatus.ERROR
