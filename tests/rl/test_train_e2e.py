@@ -100,6 +100,8 @@ def test_math_async_mode(shared_engine, tmp_path):
     rows = train(cfg).metrics
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
     assert all(r["samples/trained"] > 0 for r in rows)
+    # Every batch reports its own collection time (the console's tok/s divides by it).
+    assert all(r["rollout/collect_s"] > 0 for r in rows)
 
 
 @pytest.mark.docker

@@ -37,7 +37,10 @@ class StepConsole:
         delta = reward - self.first_reward
         rollout_s = row.get("time/rollout_s", 0.0)
         tokens = row.get("rollout/sampled_tokens", 0.0)
-        tps = tokens / rollout_s if rollout_s > 0 else 0.0
+        # The collection's own wall time: in async mode it overlapped the last train step,
+        # and the step's rollout time is only the wait for it.
+        collect_s = row.get("rollout/collect_s") or rollout_s
+        tps = tokens / collect_s if collect_s > 0 else 0.0
         eval_reward = row.get("eval/reward")
         eval_text = f"{eval_reward:6.3f}" if eval_reward is not None else "     -"
         diff = row.get("train/train_rollout_logprob_abs_diff")

@@ -31,6 +31,7 @@ import logging
 import re
 import signal
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
@@ -138,6 +139,7 @@ class Rollouts:
         self.thread.start()
         self.pending: concurrent.futures.Future[list[Episode]] | None = None
         self.pending_step = -1
+        self.collect_s = 0.0  # wall time of the last batch _collect played
         STOP.hooks.append(self._abort_soon)
 
     def __enter__(self) -> Rollouts:
@@ -183,6 +185,7 @@ class Rollouts:
         else:
             episodes, retried = self.play(step, drawn)
         self.pending = None
+        collect_s = self.collect_s  # before the next async batch can overwrite it
         if STOP.requested:  # Ctrl-C during the collection: its tasks were not played
             self.tasks.load_state_dict(position)
             self._stop_at(step)
@@ -194,7 +197,11 @@ class Rollouts:
             next_tasks = self._draw_ahead()
             self.pending = asyncio.run_coroutine_threadsafe(self._collect(next_tasks), self.loop)
             self.pending_step = step + 1
-        return episodes, {**rollout_metrics(episodes), "rollout/retried": float(retried)}
+        return episodes, {
+            **rollout_metrics(episodes),
+            "rollout/retried": float(retried),
+            "rollout/collect_s": collect_s,
+        }
 
     def play(self, step: int, drawn: list[dict[str, Any]]) -> tuple[list[Episode], int]:
         """Collect ``drawn`` for ``step``, playing again what an engine lost (bounded);
@@ -275,7 +282,12 @@ class Rollouts:
         return drawn
 
     async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
-        return await self.collector.collect(tasks, self._env_factory)
+        t0 = time.perf_counter()
+        episodes = await self.collector.collect(tasks, self._env_factory)
+        # Read by episodes_for right after this batch is taken: in async mode it ran
+        # while the trainer trained, so the step's own rollout time does not measure it.
+        self.collect_s = time.perf_counter() - t0
+        return episodes
 
     def _env_factory(self) -> EpisodeGuard:
         return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
