@@ -44,7 +44,6 @@ from urllib.parse import urlparse
 
 import torch
 import torch.distributed as dist
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from vime.engine.fleet import ray_stub_dir
 from vime.errors import ConfigError, EngineError, WeightSyncError
@@ -176,12 +175,7 @@ class GpuWeightSync(DiskWeightSync):
 
     def _push(self, version: int) -> dict[str, float]:
         try:
-            for attempt in Retrying(
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.5, max=8),
-                retry=retry_if_exception_type((EngineError, OSError)),
-                reraise=True,
-            ):
+            for attempt in self._retrying():
                 with attempt:
                     init_s = self._ensure_group()
                     run = functools.partial(self._update, version)

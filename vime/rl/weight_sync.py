@@ -153,14 +153,19 @@ class DiskWeightSync:
             if self.policy is not None:
                 self.policy.set_weight_version(engine.url, self.version)
 
+    def _retrying(self) -> Retrying:
+        """The retry policy of every engine call of a sync: ``attempts`` tries with
+        exponential backoff on engine and connection errors, the last error re-raised."""
+        return Retrying(
+            stop=stop_after_attempt(self.attempts),
+            wait=wait_exponential(multiplier=0.5, max=8),
+            retry=retry_if_exception_type((EngineError, OSError)),
+            reraise=True,
+        )
+
     def _load(self, engine: WeightTarget, path: Path, version: int) -> None:
         try:
-            for attempt in Retrying(
-                stop=stop_after_attempt(self.attempts),
-                wait=wait_exponential(multiplier=0.5, max=8),
-                retry=retry_if_exception_type((EngineError, OSError)),
-                reraise=True,
-            ):
+            for attempt in self._retrying():
                 with attempt:
                     engine.update_weights_from_disk(path, version)
                     reported = engine.get_weight_version()

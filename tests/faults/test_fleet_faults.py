@@ -8,7 +8,6 @@ SIGKILL right after step 1's metrics row appears, i.e. while step 2 is collectin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -18,33 +17,13 @@ import time
 from pathlib import Path
 
 import pytest
+from _faults import rows, server_pid
 
 from vime.buffer import DataBuffer
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _server_pid(port: int) -> int | None:
-    """The launched server's leader process (its pid is its process group)."""
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"--port" in cmd and str(port).encode() in cmd and any(b"vllm" in c for c in cmd):
-            return int(proc.name)
-    return None
-
-
-def _rows(run: Path) -> list[dict]:
-    path = run / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
@@ -75,10 +54,10 @@ def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
         while time.monotonic() < deadline and proc.poll() is None:
             runs = [p for p in tmp_path.iterdir() if p.is_dir()]
             run = runs[0] if runs else None
-            if run is not None and _rows(run):
+            if run is not None and rows(run):
                 break
             time.sleep(0.1)
-        assert run is not None and _rows(run), (tmp_path / "train.log").read_text()[-3000:]
+        assert run is not None and rows(run), (tmp_path / "train.log").read_text()[-3000:]
         ports = sorted(
             int(m)
             for p in (run / "logs").glob("vllm-*.log")
@@ -86,7 +65,7 @@ def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
         )
         assert len(ports) == 2, ports
         killed_port = ports[1]
-        pid = _server_pid(killed_port)
+        pid = server_pid(killed_port)
         assert pid is not None
         os.killpg(pid, signal.SIGKILL)
         assert proc.wait(timeout=900) == 0, (tmp_path / "train.log").read_text()[-4000:]
@@ -98,15 +77,15 @@ def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
 
     text = (tmp_path / "train.log").read_text()
     assert f":{killed_port} is down; restarting it" in text
-    rows = _rows(run)
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    for row in rows:
+    steps = rows(run)
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for row in steps:
         # Every episode of every step finished: the ones on the dead engine moved over.
         assert row["rollout/episodes"] == batch * samples
         assert row["rollout/aborted"] == 0 and row["rollout/error"] == 0, row
         assert row["samples/trained"] == batch * samples
     # The restarted engine reloaded the weights and took the next syncs: both report v3.
-    assert rows[-1]["weight_version"] == 3
+    assert steps[-1]["weight_version"] == 3
     buffer = DataBuffer(run, readonly=True)
     uids = [ep.uid for step in buffer.steps() for ep in buffer.read_step(step)]
     assert len(uids) == 3 * batch * samples == len(set(uids))  # each acknowledged once
