@@ -24,6 +24,6 @@ setup(
         *(f"{SUITES}.{name}" for name in find_namespace_packages("envs")),
     ],
     package_dir={SUITES: "envs"},
-    # Task files and each suite's README travel with the code.
-    package_data={SUITES: ["**/*.jsonl", "**/*.md"]},
+    # Task files, eval suites (eval/suite.yaml) and each suite's README travel with the code.
+    package_data={SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml"]},
 )
