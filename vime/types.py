@@ -25,6 +25,9 @@ from typing import Any
 Message = dict[str, Any]
 """One OpenAI chat message: ``{"role": "user", "content": "..."}`` (plus ``tool_calls`` etc.)."""
 
+MAX_LISTED_ERRORS = 8
+"""Parse errors listed in one observation; more are counted, so the observation stays short."""
+
 
 class EpisodeStatus(enum.StrEnum):
     """How an episode ended.
@@ -128,7 +131,10 @@ class Action:
             head = "Error: your tool call could not be parsed, so it was not run; the others ran."
         else:
             head = "Error: your tool call could not be parsed, so nothing was run."
-        return "\n".join([head, *(f"- {e}" for e in self.parse_errors)])
+        listed = [f"- {e}" for e in self.parse_errors[:MAX_LISTED_ERRORS]]
+        if len(self.parse_errors) > MAX_LISTED_ERRORS:
+            listed.append(f"- ... and {len(self.parse_errors) - MAX_LISTED_ERRORS} more")
+        return "\n".join([head, *listed])
 
     def to_message(self) -> Message:
         """The assistant message as it enters the conversation."""

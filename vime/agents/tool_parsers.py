@@ -38,6 +38,31 @@ HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments>
 LLAMA3_EXAMPLE = '{"name": "<tool name>", "parameters": {<arguments>}}'
 
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
+_DECODER = json.JSONDecoder()
+
+
+def _decode(text: str, pos: int = 0) -> tuple[Any, int] | str:
+    """``(value, end)`` of the JSON value at ``text[pos:]``, or why it is not one.
+
+    Not only ``JSONDecodeError``: an integer of over 4300 digits is a ``ValueError`` and
+    deep nesting a ``RecursionError``; a policy can write either.
+
+    Example:
+        >>> _decode('{"a": 1} tail')
+        ({'a': 1}, 8)
+        >>> _decode("[" * 100_000)
+        'nested too deeply'
+    """
+    try:
+        return _DECODER.raw_decode(text, pos)
+    except json.JSONDecodeError as err:
+        return f"{err.msg} at char {err.pos}"
+    except RecursionError:
+        return "nested too deeply"
+    except (
+        ValueError
+    ) as err:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
+        return str(err).split(";")[0]
 
 
 def _check_call(obj: Any, index: int, args_key: str, example: str) -> ToolCall | str:
@@ -48,17 +73,18 @@ def _check_call(obj: Any, index: int, args_key: str, example: str) -> ToolCall |
     name = obj.get("name")
     if not isinstance(name, str) or not name.strip():
         return f'{where}: missing "name" (a non-empty string). Write: {example}'
+    shown = name if len(name) <= 60 else name[:57] + "..."  # never echo a huge name back
     # Accept both key spellings: models trained on one format often emit the other.
     args = obj.get(args_key, obj.get("arguments", obj.get("parameters", {})))
     if isinstance(args, str):
         # Some models emit arguments as a JSON-encoded string (the OpenAI wire format).
-        try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError:
-            return f'{where} ({name}): "{args_key}" is a string that is not JSON. Write: {example}'
+        decoded = _decode(args.strip()) if args.strip() else ({}, 0)
+        if isinstance(decoded, str) or decoded[1] != len(args.strip()):
+            return f'{where} ({shown}): "{args_key}" is a string that is not JSON. Write: {example}'
+        args = decoded[0]
     if not isinstance(args, dict):
         return (
-            f'{where} ({name}): "{args_key}" must be a JSON object, got '
+            f'{where} ({shown}): "{args_key}" must be a JSON object, got '
             f"{type(args).__name__}. Write: {example}"
         )
     return ToolCall(name=name.strip(), arguments=args, id=f"call_{index}")
@@ -78,15 +104,16 @@ def parse_hermes(text: str) -> Action:
         if not closing:
             errors.append(f"tool call {i}: <tool_call> is never closed. Write: {HERMES_EXAMPLE}")
             continue
-        try:
-            obj = json.loads(body)
-        except json.JSONDecodeError as err:
+        decoded = _decode(body)
+        if not isinstance(decoded, str) and decoded[1] != len(body):
+            decoded = f"extra data at char {decoded[1]}"
+        if isinstance(decoded, str):
             errors.append(
-                f"tool call {i}: the JSON inside <tool_call> is invalid ({err.msg} at "
-                f"char {err.pos}). Write: {HERMES_EXAMPLE}"
+                f"tool call {i}: the JSON inside <tool_call> is invalid ({decoded}). "
+                f"Write: {HERMES_EXAMPLE}"
             )
             continue
-        result = _check_call(obj, i, "arguments", HERMES_EXAMPLE)
+        result = _check_call(decoded[0], i, "arguments", HERMES_EXAMPLE)
         (calls.append(result) if isinstance(result, ToolCall) else errors.append(result))
     if not calls and not errors and "</tool_call>" in text:
         errors.append(f"tool call 1: </tool_call> without <tool_call>. Write: {HERMES_EXAMPLE}")
@@ -111,17 +138,13 @@ def parse_llama3_json(text: str) -> Action:
         return Action(text=text)
     calls: list[ToolCall] = []
     errors: list[str] = []
-    decoder = json.JSONDecoder()
     pos, index = 0, 1
     while pos < len(body):
-        try:
-            obj, end = decoder.raw_decode(body, pos)
-        except json.JSONDecodeError as err:
-            errors.append(
-                f"tool call {index}: invalid JSON ({err.msg} at char {err.pos}). "
-                f"Write: {LLAMA3_EXAMPLE}"
-            )
+        decoded = _decode(body, pos)
+        if isinstance(decoded, str):
+            errors.append(f"tool call {index}: invalid JSON ({decoded}). Write: {LLAMA3_EXAMPLE}")
             break
+        obj, end = decoded
         result = _check_call(obj, index, "parameters", LLAMA3_EXAMPLE)
         (calls.append(result) if isinstance(result, ToolCall) else errors.append(result))
         # Several calls are separated by ';' (Llama 3.2 style) or whitespace.
