@@ -59,3 +59,15 @@ def no_leaked_containers():
     assert not left, (
         f"{len(left)} labelled sandbox container(s) leaked: {[c['Id'][:12] for c in left]}"
     )
+
+
+@pytest.fixture(scope="session")
+def user_processes():
+    """``procs(sb)``: the processes in a sandbox other than the listing shell itself
+    (``"PID COMM"`` lines, PID 1 first)."""
+
+    def procs(sb) -> list[str]:
+        res = sb.exec("for p in /proc/[0-9]*; do echo ${p#/proc/} $(cat $p/comm); done", timeout=10)
+        return [line for line in res.stdout.splitlines() if not line.endswith((" sh", " cat"))]
+
+    return procs

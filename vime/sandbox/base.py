@@ -30,6 +30,9 @@ class ExecResult:
     - ``duration``: wall seconds from start to result.
     - ``truncated``: output went over the cap; the kept text ends with a marker line
       ``[vime: N bytes of output dropped]``.
+    - ``oom_killed``: the out-of-memory killer killed a process of the command (the
+      sandbox's memory limit was hit); stderr then ends with a ``[vime: killed by the
+      out-of-memory killer ...]`` line, so a policy reading the output sees why.
 
     Example:
         >>> ExecResult(1, "", "boom", False, 0.1).ok
@@ -42,6 +45,7 @@ class ExecResult:
     timed_out: bool
     duration: float
     truncated: bool = False
+    oom_killed: bool = False
 
     @property
     def ok(self) -> bool:

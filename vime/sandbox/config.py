@@ -76,7 +76,7 @@ class SandboxConfig:
     # Size cap of the workspace in MiB (tmpfs size, so writes past it fail with ENOSPC).
     # Raising it raises how much RAM a runaway write can pin (tmpfs is memory).
     workspace_limit_mb: int = 256
-    # Size cap of /tmp in MiB (also tmpfs).
+    # Size cap in MiB of /tmp and of /dev/shm, each (tmpfs too, so memory as well).
     tmp_limit_mb: int = 64
     # Largest single file any process may write, in MiB (RLIMIT_FSIZE); 0 = the workspace
     # limit. The last guard when read_only is off; raising it lets one file fill the disk.

@@ -4,11 +4,18 @@ How the guarantees are implemented:
 
 - **Limits**: memory (= memory+swap), pids, CPU, ``cap_drop=ALL``, no-new-privileges,
   a numeric non-root user, no network, read-only rootfs; see :class:`SandboxConfig`.
-- **Disk**: the workspace and /tmp are tmpfs mounts with a ``size=`` cap (writes past it
-  fail with ENOSPC), and RLIMIT_FSIZE caps any single file (the guard that remains when
-  the rootfs is made writable).
+- **Disk**: the workspace, /tmp and /dev/shm are tmpfs mounts with a ``size=`` cap
+  (writes past it fail with ENOSPC), and RLIMIT_FSIZE caps any single file (the guard
+  that remains when the rootfs is made writable).
+- **Memory**: a command killed by the OOM killer returns ``oom_killed=True`` with a
+  marker line on stderr (read from the container's memory cgroup after an exit 137).
+- **Reuse**: :meth:`DockerSandbox.reset` kills every process and empties every place the
+  sandbox user can write, System V IPC included (see :mod:`vime.sandbox.inside`).
+- **Removal**: containers are created with docker's auto-remove, so one that stops (killed
+  from outside, its daemon restarted) is removed by the daemon; a removal that fails
+  because the daemon is down is retried when the host answers again and at exit.
 - **Timeouts**: the container's PID 1 is a tiny init (Python, or ``sh`` where the image
-  has none) that reaps orphans and, on SIGUSR1, calls ``kill(-1, SIGKILL)``: every process
+  has none; :data:`vime.sandbox.inside.INIT_CMD`) that reaps orphans and, on SIGUSR1, calls ``kill(-1, SIGKILL)``: every process
   of the sandbox user dies, including daemons that left the process group, and PID 1
   itself survives. It needs no new process, so it works even when a fork bomb holds every
   pid. The host side reads the exec stream with a deadline, so ``exec`` returns within
@@ -41,64 +48,65 @@ from pathlib import Path
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from vime.errors import SandboxError
+from vime.observability.trace import TRACE
 from vime.sandbox.base import ExecResult
 from vime.sandbox.client import docker_client, docker_errors
 from vime.sandbox.config import SandboxConfig
+from vime.sandbox.inside import INIT_CMD, KILL_SIGNAL, OOM_COUNTER_CMD, RESET_SCRIPT, oom_kills
 from vime.sandbox.stream import Capped, Demux, pump, send_stdin
 
 __all__ = ["DockerSandbox", "SandboxConfig"]
-
-# PID 1 of every sandbox. Reaps adopted orphans (zombies would eat the pids limit) and
-# kills every other process of its user on SIGUSR1: kill(-1) never signals PID 1 itself.
-_PY_INIT = """
-import os, signal, time
-def killall(*_):
-    for _ in range(3):
-        try:
-            os.kill(-1, signal.SIGKILL)
-        except OSError:
-            break
-def reap(*_):
-    while True:
-        try:
-            pid, _st = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-signal.signal(signal.SIGUSR1, killall)
-signal.signal(signal.SIGCHLD, reap)
-signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-print("vime-init ready", flush=True)
-while True:
-    time.sleep(3600)
-"""
-# Images without python3: the shell reaps through `wait` and kills with its builtin.
-_SH_INIT = (
-    "trap 'kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null' USR1; trap 'exit 0' TERM; "
-    "echo vime-init ready; while :; do sleep 3600 & wait; done"
-)
-_INIT_CMD = [
-    "/bin/sh",
-    "-c",
-    'if command -v python3 >/dev/null 2>&1; then exec python3 -c "$1"; else eval "$2"; fi',
-    "vime-init",
-    _PY_INIT,
-    _SH_INIT,
-]
 
 # Sandboxes still open when the interpreter exits are removed then (a crash or
 # SIGKILL skips this; `vime-agent sandbox gc` finds those by their labels).
 _open_sandboxes: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
 
 
+# Containers whose removal failed (their daemon was down): host -> ids. Retried when a
+# sandbox next starts on that host, and at exit; `vime-agent sandbox gc` is the last resort.
+_unremoved: dict[str, set[str]] = {}
+_unremoved_lock = threading.Lock()
+
+
+def _remove_container(host: str, container_id: str) -> bool:
+    """Force-remove one container; True once it is gone, else it is queued for a retry."""
+    import docker.errors
+
+    try:
+        docker_client(host).api.remove_container(container_id, force=True, v=True)
+        gone = True
+    except docker.errors.NotFound:
+        gone = True
+    except docker.errors.APIError as err:  # 409: auto-remove is already removing it
+        gone = err.status_code == 409
+    except Exception:  # the daemon is down or unreachable
+        gone = False
+    with _unremoved_lock:
+        if gone:
+            _unremoved.get(host, set()).discard(container_id)
+        else:
+            _unremoved.setdefault(host, set()).add(container_id)
+    return gone
+
+
+def remove_unremoved(host: str | None = None) -> list[str]:
+    """Retry the removals that failed earlier (on ``host``, or every host); return the ids
+    still not removed.
+
+    Example:
+        >>> remove_unremoved("unix:///nonexistent.sock")
+        []
+    """
+    with _unremoved_lock:
+        todo = [(h, c) for h, ids in _unremoved.items() if host in (None, h) for c in ids]
+    return [c for h, c in todo if not _remove_container(h, c)]
+
+
 @atexit.register
 def _close_open_sandboxes() -> None:
     for sb in list(_open_sandboxes):
         sb.close()
-
-
-_KILL_SIGNAL = "SIGUSR1"
+    remove_unremoved()
 
 
 class DockerSandbox:
@@ -123,6 +131,7 @@ class DockerSandbox:
         self._client = docker_client(self.host)
         self._api = self._client.api
         self._dead: str | None = None
+        self._oom_seen = 0  # the memory cgroup's oom_kill count at the last look
         self._closed = False
         self._lock = threading.Lock()
         self.id = self._start()
@@ -149,7 +158,7 @@ class DockerSandbox:
             # registry, which hangs or fails obscurely on an offline machine.
             container = self._client.containers.create(
                 self.image,
-                command=_INIT_CMD,
+                command=INIT_CMD,
                 user=cfg.user,
                 network_mode="bridge" if cfg.network else "none",
                 cap_drop=["ALL"],
@@ -164,6 +173,10 @@ class DockerSandbox:
                     cfg.workspace: f"rw,exec,nosuid,nodev,size={cfg.workspace_limit_mb}m,mode=0755{owner}",
                     "/tmp": f"rw,exec,nosuid,nodev,size={cfg.tmp_limit_mb}m,mode=1777",
                 },
+                shm_size=cfg.tmp_limit_mb * 1024**2,
+                # The daemon removes a container that stops: none is left behind when it
+                # is killed from outside or its daemon restarts while we cannot reach it.
+                auto_remove=True,
                 ulimits=[docker.types.Ulimit(name="fsize", soft=limit, hard=limit)],
                 working_dir=cfg.workspace,
                 environment={"HOME": cfg.workspace, "LANG": "C.UTF-8", **cfg.env},
@@ -173,9 +186,10 @@ class DockerSandbox:
             try:
                 container.start()
             except Exception:
-                container.remove(force=True)
+                _remove_container(self.host, container.id)
                 raise
         self._container = container
+        remove_unremoved(self.host)  # the host answers again: retry what failed before
         return container.id
 
     @property
@@ -203,10 +217,22 @@ class DockerSandbox:
             if self._closed:
                 return
             self._closed = True
+        _remove_container(self.host, self.id)
+
+    def probe(self) -> bool:
+        """Ask docker whether the container still runs; mark the sandbox dead if not.
+
+        Example (skipped as a doctest: it needs a running dockerd):
+            >>> sb.probe()  # doctest: +SKIP
+            True
+        """
+        if not self.alive:
+            return False
         try:
-            self._api.remove_container(self.id, force=True, v=True)
-        except Exception:  # already gone, or the host is down: gc catches leftovers
-            pass
+            self._raise_if_container_gone("probed", settle=0.0)
+        except SandboxError:
+            return False
+        return True
 
     def __enter__(self) -> DockerSandbox:
         return self
@@ -239,17 +265,42 @@ class DockerSandbox:
             ExecResult(exit_code=3, stdout='', stderr='hi\\n', timed_out=False, ...)
         """
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
-        out, err, code, timed_out, duration = self._run(
-            argv, timeout=timeout, workdir=workdir, env=env, cap=self.config.max_output_bytes
-        )
+        with TRACE.span("sandbox_exec", argv[-1][:60]):  # trace.enabled: timelines
+            out, err, code, timed_out, duration = self._run(
+                argv, timeout=timeout, workdir=workdir, env=env, cap=self.config.max_output_bytes
+            )
+        # Only an exit of 137 (SIGKILL) is looked into: one more exec, never on the fast path.
+        oom = code == 137 and not timed_out and self._new_oom_kills()
+        stderr = err.text()
+        if oom:
+            sep = "" if not stderr or stderr.endswith("\n") else "\n"
+            stderr += (
+                f"{sep}[vime: killed by the out-of-memory killer; "
+                f"the sandbox's memory limit is {self.config.memory}]\n"
+            )
         return ExecResult(
             exit_code=code,
             stdout=out.text(),
-            stderr=err.text(),
+            stderr=stderr,
             timed_out=timed_out,
             duration=duration,
             truncated=bool(out.dropped or err.dropped),
+            oom_killed=oom,
         )
+
+    def _new_oom_kills(self) -> bool:
+        """Whether the OOM killer killed something since the last look (False if unknown)."""
+        try:
+            text, _, code, _, _ = self._run(
+                OOM_COUNTER_CMD, timeout=10, workdir=None, env=None, cap=4096
+            )
+        except SandboxError:
+            return False
+        count = oom_kills(text.bytes().decode(errors="replace")) if code == 0 else None
+        if count is None or count <= self._oom_seen:
+            return False
+        self._oom_seen = count
+        return True
 
     def kill_all(self) -> None:
         """Kill every process of the sandbox user (PID 1 stays). Used on timeout and reset.
@@ -259,7 +310,7 @@ class DockerSandbox:
         """
         self._check_alive()
         with docker_errors("killing the sandbox's processes", host=self.host, container=self.id):
-            self._api.kill(self.id, signal=_KILL_SIGNAL)
+            self._api.kill(self.id, signal=KILL_SIGNAL)
 
     def _check_alive(self) -> None:
         if not self.alive:
@@ -331,7 +382,7 @@ class DockerSandbox:
 
     def _kill_quietly(self) -> None:
         try:
-            self._api.kill(self.id, signal=_KILL_SIGNAL)
+            self._api.kill(self.id, signal=KILL_SIGNAL)
         except Exception:
             pass  # if the container is gone, the stream closes and the caller finds out
 
@@ -450,21 +501,17 @@ class DockerSandbox:
             tar.extractall(dest, filter="data")
 
     def reset(self, timeout: float = 10.0) -> None:
-        """Kill every user process and empty the workspace and /tmp (between episodes).
+        """Bring the sandbox back to clean between episodes: kill every user process and
+        empty every place the user can write (workspace, /tmp, /dev/shm, /dev/mqueue, any
+        other writable tmpfs) and its System V IPC objects.
 
-        Raises :class:`SandboxError` if the sandbox cannot be brought back to clean.
+        Raises :class:`SandboxError`, saying what survived, if it cannot. Writes to a
+        writable rootfs (``read_only=False``) are not undone: pools replace such sandboxes.
 
         Example (skipped as a doctest: it needs a running dockerd):
             >>> sb.reset()  # doctest: +SKIP
         """
-        # kill(-1) from the reset script itself spares the script and PID 1; it is
-        # synchronous, unlike the SIGUSR1 path, so the wipe never races a dying writer.
-        script = (
-            "kill -9 -1 2>/dev/null; kill -9 -1 2>/dev/null; "
-            'for d in "$1" /tmp; do find "$d" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} +; done; '
-            '[ -z "$(ls -A "$1")" ] && [ -z "$(ls -A /tmp)" ]'
-        )
-        argv = ["/bin/sh", "-c", script, "sh", self.config.workspace]
+        argv = ["/bin/sh", "-c", RESET_SCRIPT, "sh", self.config.workspace]
         try:
             self._file_op(argv, "reset", timeout=timeout)
         except SandboxError:

@@ -1,9 +1,12 @@
 """``SandboxPool``: warm, bounded, thread- and asyncio-safe Docker sandboxes.
 
 The pool keeps ``size`` sandboxes in total (idle + leased + being started or reset).
-``acquire`` hands out a warm one (a few µs when one is idle); ``release`` resets it in
-the background (kill every process, wipe workspace and /tmp) and puts it back, or
-discards and replaces it when the reset fails or it died. New sandboxes are spread over
+``acquire`` hands out a warm one (a few µs when one is idle; one that sat idle longer
+than :data:`PROBE_AFTER_S` is first checked with docker, a few ms, so a container lost
+to a daemon restart is replaced instead of handed out); ``release`` resets it in the
+background (:meth:`DockerSandbox.reset`: every process killed, every writable place
+emptied) and puts it back, or discards and replaces it when the reset fails, it died, or
+its rootfs is writable (a reset cannot undo writes there). New sandboxes are spread over
 the configured docker hosts, least-loaded first.
 
 From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
@@ -37,6 +40,9 @@ from vime.sandbox.docker import DockerSandbox, SandboxConfig
 
 T = TypeVar("T")
 
+# Idle seconds after which acquire asks docker whether the container still runs.
+PROBE_AFTER_S = 1.0
+
 
 class SandboxPool:
     """A bounded pool of pre-started :class:`DockerSandbox` es for one config (one image).
@@ -66,6 +72,7 @@ class SandboxPool:
         self._factory = factory or (lambda cfg, host: DockerSandbox(cfg, host=host))
         self._cond = threading.Condition()
         self._idle: collections.deque[DockerSandbox] = collections.deque()
+        self._idle_since: dict[DockerSandbox, float] = {}
         self._leased: set[DockerSandbox] = set()
         self._pending = 0  # sandboxes being started or reset (they count towards size)
         self._per_host: collections.Counter[str] = collections.Counter()
@@ -134,15 +141,17 @@ class SandboxPool:
             if self._closed:
                 self._per_host[host] -= 1
             else:
-                self._idle.append(sb)
+                self._put_idle_locked(sb)
                 self._cond.notify()
                 return
         sb.close()
 
     def _reset(self, sb: DockerSandbox) -> None:
         try:
-            sb.reset()
-            ok = sb.alive
+            ok = sb.config.read_only  # else a fresh container replaces it
+            if ok:
+                sb.reset()
+                ok = sb.alive
         except Exception as err:
             ok = False
             with self._cond:
@@ -150,7 +159,7 @@ class SandboxPool:
         with self._cond:
             self._pending -= 1
             if ok and not self._closed:
-                self._idle.append(sb)
+                self._put_idle_locked(sb)
                 self._cond.notify()
                 return
         self._discard(sb)
@@ -162,6 +171,10 @@ class SandboxPool:
             self.discarded += 1
             if not self._closed:
                 self._spawn_locked()
+
+    def _put_idle_locked(self, sb: DockerSandbox) -> None:
+        self._idle.append(sb)
+        self._idle_since[sb] = time.monotonic()
 
     def _live_locked(self) -> int:
         return len(self._idle) + len(self._leased) + self._pending
@@ -178,15 +191,24 @@ class SandboxPool:
             >>> sb = pool.acquire(timeout=30)  # doctest: +SKIP
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            sb, idle_s = self._take(timeout, deadline)
+            if idle_s < PROBE_AFTER_S or sb.probe():
+                return sb
+            self.release(sb)  # its container is gone: discarded and replaced
+
+    def _take(self, timeout: float | None, deadline: float | None) -> tuple[DockerSandbox, float]:
+        """Lease an idle sandbox that looks alive; return it and its idle seconds."""
         with self._cond:
             while True:
                 if self._closed:
                     raise SandboxError("SandboxPool.acquire: the pool is closed")
                 while self._idle:
                     sb = self._idle.popleft()
+                    since = self._idle_since.pop(sb, time.monotonic())
                     if sb.alive:
                         self._leased.add(sb)
-                        return sb
+                        return sb, time.monotonic() - since
                     self._pending += 1  # discarded below, outside the lock
                     self._workers.submit(self._discard_pending, sb)
                 remaining = None if deadline is None else deadline - time.monotonic()
@@ -220,7 +242,7 @@ class SandboxPool:
                 closing = False
                 self._leased.discard(sb)
                 if sb.alive and not reset:
-                    self._idle.append(sb)
+                    self._put_idle_locked(sb)
                     self._cond.notify()
                     return
                 self._pending += 1
@@ -337,6 +359,7 @@ class SandboxPool:
             self._stop.set()
             victims = list(self._idle) + list(self._leased)
             self._idle.clear()
+            self._idle_since.clear()
             self._leased.clear()
             self._cond.notify_all()
         # Sandboxes still starting close themselves when their start returns.
