@@ -37,8 +37,11 @@ case "${1:-start}" in
       rm -f "$run/docker.pid" "$sock"
     fi
     # containerd is started by dockerd itself (its own state lives under exec-root).
+    # VIME_DOCKERD_ARGS: extra flags, e.g. "--bridge=none --iptables=false" for a second
+    # daemon that must leave the first one's bridge and firewall rules alone.
+    # shellcheck disable=SC2086
     setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$exec_root" \
-      --pidfile "$run/docker.pid" --storage-driver overlay2 \
+      --pidfile "$run/docker.pid" --storage-driver overlay2 ${VIME_DOCKERD_ARGS:-} \
       >"$run/dockerd.log" 2>&1 </dev/null &
     for _ in $(seq 1 120); do
       # vime reads this file when DOCKER_HOST is not set (vime.sandbox.client.default_host).
