@@ -15,7 +15,9 @@ Why this format:
   crash-safe Parquet store would be many tiny files plus a manifest.
 - Recovery is simple and local: lines after the last commit line are a batch that was
   never acknowledged (the process died inside ``append``); opening the buffer cuts the
-  file back to its last commit, which also removes a torn (half-written) last line.
+  file back to its last commit, which also removes a torn (half-written) last line. An
+  ``append`` that fails (a full disk: :class:`~vime.errors.DiskFullError`) cuts its own
+  partial lines before it raises, so the next one starts on a clean line.
 - Readers (``read_step``, ``replay``, a notebook, ``grep``) need nothing but the file;
   per-step files make reading one batch O(batch) and old steps easy to delete or archive.
 
@@ -49,7 +51,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from vime.errors import DataError
+from vime.errors import DataError, DiskFullError, is_disk_full
 from vime.types import Episode
 
 _STEP_FILE = re.compile(r"^step_(\d{8})\.jsonl$")
@@ -124,16 +126,24 @@ class DataBuffer:
         path = self._path(step)
         is_new = not path.exists()
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        committed = os.fstat(fd).st_size
         try:
             view = memoryview(data)
             while view:
                 written = os.write(fd, view)
                 view = view[written:]
             os.fsync(fd)
+            if is_new:
+                _fsync_dir(self.dir)  # the new file's name must survive a crash too
+        except OSError as err:
+            # Not acknowledged: cut the partial lines now (it also gives the space back),
+            # or the next append would glue its first line onto a torn one.
+            os.ftruncate(fd, committed)
+            if is_disk_full(err):
+                raise DiskFullError(path, f"buffer append (step {step})") from err
+            raise
         finally:
             os.close(fd)
-        if is_new:
-            _fsync_dir(self.dir)  # the new file's name must survive a crash too
         self._uids.update(uids)
         self._counts[step] = self._counts.get(step, 0) + len(uids)
         return len(uids)

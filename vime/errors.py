@@ -13,6 +13,9 @@ Example:
 
 from __future__ import annotations
 
+import errno
+import os
+
 
 class VimeError(Exception):
     """Base of every error vime raises on purpose."""
@@ -83,3 +86,47 @@ class TrainerError(VimeError):
 
 class UnsupportedArchitectureError(TrainerError):
     """The HF config names an architecture vime cannot map onto Megatron."""
+
+
+class DiskFullError(VimeError, OSError):
+    """No space left (or over quota) on the disk where a run writes ``path``.
+
+    What was being written is not kept half-written where a reader looks; the message
+    names the path and the fix.
+
+    Example:
+        >>> print(DiskFullError("runs/x/buffer/step_00000003.jsonl", "buffer append"))
+        ... # doctest: +NORMALIZE_WHITESPACE
+        buffer append: no space left on the device writing runs/x/buffer/step_00000003.jsonl;
+        nothing half-written was kept. Free space there (df -h runs/x/buffer; old
+        checkpoints in the run's checkpoints/ folder can go), then resume with resume=RUN_DIR.
+    """
+
+    def __init__(self, path: object, what: str, *, resume: object = "RUN_DIR") -> None:
+        folder = os.path.dirname(str(path)) or "."
+        super().__init__(
+            f"{what}: no space left on the device writing {path}; nothing half-written was "
+            f"kept. Free space there (df -h {folder}; old checkpoints in the run's "
+            f"checkpoints/ folder can go), then resume with resume={resume}."
+        )
+        self.path = str(path)
+
+
+def is_disk_full(err: BaseException) -> bool:
+    """True when ``err``, or an error it was raised from, is ENOSPC or EDQUOT (a
+    library may wrap the OSError, or only say so in its message).
+
+    Example:
+        >>> is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+        True
+        >>> is_disk_full(RuntimeError("file write failed"))
+        False
+    """
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, OSError) and seen.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        if "No space left on device" in str(seen) or "Disk quota exceeded" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -22,18 +23,50 @@ from vime.rl.tasks import train_tasks
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def start_train(tmp_path: Path, args: list[str], log_name: str = "train.log") -> subprocess.Popen:
-    """``python -m vime.cli train ARGS`` in its own process, output to ``tmp_path/log_name``."""
+def start_train(
+    tmp_path: Path, args: list[str], log_name: str = "train.log", **env: str
+) -> subprocess.Popen:
+    """``python -m vime.cli train ARGS`` in its own process group (its pid is the group's:
+    :func:`kill_group`), output to ``tmp_path/log_name``; ``env`` adds variables (e.g.
+    ``VIME_TEST_PAUSE_AT="sync:3"``, the hook of :func:`vime.rl.run_dir.pause_point`)."""
     log = (tmp_path / log_name).open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vime.cli", "train", *args],
         cwd=ROOT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **env},
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
     log.close()  # the child holds its own copy
     return proc
+
+
+def kill_group(proc: subprocess.Popen) -> dict[int, int]:
+    """SIGKILL ``proc``'s whole process group (as an OOM killer or ``kill -9 -PGID`` would);
+    returns the processes it had started (pid -> start time), to check they are gone."""
+    children = descendants(proc.pid)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return children
+
+
+def wait_log(proc: subprocess.Popen, log: Path, text: str, timeout_s: float) -> None:
+    """Wait until ``text`` is in the log of the running ``proc``; fail at once, with the
+    log's tail, if it exits first."""
+
+    def seen() -> bool:
+        if text in log.read_text(errors="replace"):
+            return True
+        if proc.poll() is not None:
+            raise AssertionError(f"exited ({proc.returncode}) before {text!r}:\n" + tail(log))
+        return False
+
+    wait_for(repr(text), seen, timeout_s, every_s=0.1)
+
+
+def tail(log: Path, chars: int = 4000) -> str:
+    return log.read_text(errors="replace")[-chars:]
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
@@ -138,12 +171,22 @@ def still_running(procs: dict[int, int]) -> list[str]:
 
 def expected_draws(args: list[str], steps: int) -> list[list[str]]:
     """The task ids an uninterrupted run draws at each step (the data position)."""
+    return _uninterrupted(args, steps)[0]
+
+
+def data_position(args: list[str], steps: int) -> dict[str, Any]:
+    """The task source's state after ``steps`` uninterrupted steps (what a checkpoint saves)."""
+    return _uninterrupted(args, steps)[1]
+
+
+def _uninterrupted(args: list[str], steps: int) -> tuple[list[list[str]], dict[str, Any]]:
     cfg = load_config(args)
     source = TaskSource(
         train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
     )
     n = max(1, round(cfg.rollout.batch_size * cfg.rollout.oversample))
-    return [[str(t["id"]) for t in source.take(n)] for _ in range(steps)]
+    draws = [[str(t["id"]) for t in source.take(n)] for _ in range(steps)]
+    return draws, source.state_dict()
 
 
 def check_buffer(run: Path, steps: int, args: list[str]) -> DataBuffer:

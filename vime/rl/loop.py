@@ -23,6 +23,7 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -37,9 +38,11 @@ from vime.buffer import DataBuffer
 from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
-from vime.errors import ConfigError
+from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.tiny import build_tiny_model
-from vime.observability.metrics import MetricsLog, plot_curves
+from vime.observability.metrics import plot_curves
+from vime.observability.recorder import StepRecorder
+from vime.observability.trace import TRACE
 from vime.rl.advantages import make_samples, needs_reference, select_groups
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
@@ -47,7 +50,14 @@ from vime.rl.evaluate import evaluate
 from vime.rl.gpu_sync import build_weight_sync
 from vime.rl.ranks import Ranks, TrainerGroup
 from vime.rl.rollouts import STOP, Rollouts
-from vime.rl.run_dir import RunDir, read_state, write_state
+from vime.rl.run_dir import (
+    RunDir,
+    atomic_write_text,
+    pause_point,
+    publish,
+    read_state,
+    write_state,
+)
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.rl.warm_start import warm_start
 from vime.rl.weight_sync import DiskWeightSync
@@ -95,7 +105,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
-        metrics_log = MetricsLog(run.metrics)
+        metrics_log = cleanup.enter_context(StepRecorder(run.root, cfg, fleet.urls))
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
         engines, policy, sync = _engine_clients(cfg, fleet, group, run)
@@ -115,7 +125,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
+            t0 = metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
             episodes, rollout_stats = _episodes(runner, step, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
@@ -123,10 +133,11 @@ def train(cfg: TrainConfig) -> TrainResult:
                 # advantages: a KL reward penalty changes the rewards they are made from.
                 ref = group.reference_logprobs if reference is not None else None
                 samples, adv_stats = make_samples(episodes, cfg, version, ref)
+                pause_point("train", step)  # fault tests: SIGKILL with the step buffered
                 train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
-            sync_stats = sync.sync(version)
+            sync_stats = TRACE.call("weight_sync", sync.sync, version)
             t3 = time.perf_counter()
             row = {
                 **rollout_stats,
@@ -140,7 +151,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, group, tasks, step)
-            metrics_log.write(step, row)
+            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
             console.step(step, row)
             if cfg.plot:
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
@@ -328,12 +339,14 @@ def _open_run(cfg: TrainConfig) -> RunDir:
         name = cfg.name or cfg.env.id.split("/")[-1].split("-")[0].lower()
         run = RunDir.create(cfg.run_root, name)
     # The config used is saved on every (re)start; a resumed run appends its overrides.
-    run.config.write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
+    atomic_write_text(run.config, OmegaConf.to_yaml(OmegaConf.structured(cfg)))
     return run
 
 
 def _restore(run: RunDir, trainer: TrainerGroup, tasks: TaskSource) -> int:
-    """Load the newest checkpoint (if any); returns the step it ended."""
+    """Load the newest complete checkpoint (if any); returns the step it ended."""
+    for path in run.drop_partial():
+        log.info("deleted %s: a killed run left it half-written", path)
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         return 0
@@ -345,10 +358,23 @@ def _restore(run: RunDir, trainer: TrainerGroup, tasks: TaskSource) -> int:
 
 
 def _checkpoint(run: RunDir, trainer: TrainerGroup, tasks: TaskSource, step: int) -> None:
+    """Write step's checkpoint as ``step_N.partial`` and rename it to ``step_N`` once whole
+    and fsync'd: a kill or a full disk mid-write leaves the previous checkpoint the newest
+    complete one (a full disk raises :class:`DiskFullError`, the partial one deleted)."""
     folder = run.checkpoint(step)
-    folder.mkdir(parents=True, exist_ok=True)
-    trainer.save_checkpoint(folder / "trainer")
-    write_state(folder, {"step": step, "tasks": tasks.state_dict(), "weight_version": step})
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what a killed attempt left
+    try:
+        partial.mkdir(parents=True)
+        trainer.save_checkpoint(partial / "trainer")
+        pause_point("checkpoint", step)  # fault tests: SIGKILL mid-checkpoint
+        write_state(partial, {"step": step, "tasks": tasks.state_dict(), "weight_version": step})
+        publish(partial, folder)
+    except Exception as err:
+        shutil.rmtree(partial, ignore_errors=True)  # gives the space back
+        if is_disk_full(err):
+            raise DiskFullError(partial, f"checkpoint of step {step}", resume=run.root) from err
+        raise
 
 
 # ---------------------------------------------------------------- command line

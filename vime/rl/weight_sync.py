@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,8 @@ from typing import Protocol
 
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from vime.errors import EngineError, WeightSyncError
+from vime.errors import DiskFullError, EngineError, WeightSyncError, is_disk_full
+from vime.rl.run_dir import pause_point
 
 
 class HFExporter(Protocol):
@@ -105,10 +107,7 @@ class DiskWeightSync:
         if self.restart_dead is not None:
             self.restart_dead()  # an engine that died since the rollout loads this version too
         t1 = time.perf_counter()
-        target = self.folder / f"v{version:06d}"
-        if target.exists():
-            shutil.rmtree(target)
-        self.exporter.export_hf(target)
+        target = self._export(version)
         t2 = time.perf_counter()
         for engine in self.engines:
             self._load(engine, target, version)
@@ -153,6 +152,27 @@ class DiskWeightSync:
             if self.policy is not None:
                 self.policy.set_weight_version(engine.url, self.version)
 
+    def _export(self, version: int) -> Path:
+        """The trainer's weights as ``v{version:06d}``, written under ``.partial`` and
+        renamed whole, so an engine (or a restarted one) never loads a half-written export.
+        Not fsync'd: an export only feeds this process's engines, and a resumed run
+        exports again before its first rollout. A full disk: :class:`DiskFullError`."""
+        target = self.folder / f"v{version:06d}"
+        partial = target.with_name(target.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        try:
+            self.exporter.export_hf(partial)
+        except Exception as err:
+            shutil.rmtree(partial, ignore_errors=True)  # gives the space back
+            if is_disk_full(err):
+                raise DiskFullError(partial, f"weight export v{version}") from err
+            raise
+        pause_point("sync", version)  # fault tests: SIGKILL mid-sync (exported, not loaded)
+        if target.exists():
+            shutil.rmtree(target)
+        partial.rename(target)
+        return target
+
     def _retrying(self) -> Retrying:
         """The retry policy of every engine call of a sync: ``attempts`` tries with
         exponential backoff on engine and connection errors, the last error re-raised."""
@@ -183,6 +203,9 @@ class DiskWeightSync:
             ) from err
 
     def _prune(self) -> None:
-        exports = sorted(p for p in self.folder.glob("v*") if p.is_dir())
+        exports = sorted(p for p in self.folder.glob("v*") if _EXPORT.match(p.name))
         for old in exports[: -max(self.keep, 1)]:
             shutil.rmtree(old, ignore_errors=True)
+
+
+_EXPORT = re.compile(r"^v\d{6}$")  # a published export (not a ``.partial`` one)
