@@ -40,9 +40,7 @@ from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
 from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.tiny import build_tiny_model
-from vime.observability.metrics import plot_curves
-from vime.observability.recorder import StepRecorder
-from vime.observability.trace import TRACE
+from vime.observability.metrics import MetricsLog, plot_curves
 from vime.rl.advantages import make_samples, needs_reference, select_groups
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
@@ -105,7 +103,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
-        metrics_log = cleanup.enter_context(StepRecorder(run.root, cfg, fleet.urls))
+        metrics_log = MetricsLog(run.metrics)
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
         engines, policy, sync = _engine_clients(cfg, fleet, group, run)
@@ -125,7 +123,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
-            t0 = metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
+            t0 = time.perf_counter()
             episodes, rollout_stats = _episodes(runner, step, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
@@ -137,7 +135,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
-            sync_stats = TRACE.call("weight_sync", sync.sync, version)
+            sync_stats = sync.sync(version)
             t3 = time.perf_counter()
             row = {
                 **rollout_stats,
@@ -151,7 +149,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, group, tasks, step)
-            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
+            metrics_log.write(step, row)
             console.step(step, row)
             if cfg.plot:
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
