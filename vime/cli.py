@@ -33,6 +33,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "envs": ("vime.envs.cli:list_main", "list registered environments"),
     "check-env": ("vime.envs.cli:check_main", "run the env checker on a registered env id"),
     "sandbox": ("vime.sandbox.cli:main", "sandbox images and cleanup (build-base, gc)"),
+    "show": (
+        "vime.observability.show:main",
+        "an episode as the model saw it: vime-agent show RUN [step=N] [episode=K] [logprobs=true]",
+    ),
+    "replay": (
+        "vime.rl.replay:main",
+        "re-run a step's training on its saved batch: vime-agent replay RUN step=N",
+    ),
+    "trace": (
+        "vime.observability.timeline:main",
+        "draw a step's timeline: vime-agent trace RUN step=N",
+    ),
+    "page": ("vime.observability.run_page:main", "write the run's HTML page: vime-agent page RUN"),
 }
 
 

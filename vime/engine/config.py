@@ -52,6 +52,8 @@ class EngineConfig:
             and the collector need (:mod:`vime.engine.vllm_plugin`); 0 = vLLM's spinning.
         python: interpreter that runs the server; default: the current one.
         env: extra environment variables for the server process.
+        profiler_dir: launch with vLLM's torch profiler writing here (``/start_profile``,
+            ``/stop_profile``; the train key ``trace.vllm_profile_step`` drives them).
     """
 
     model: str = ""
@@ -74,6 +76,7 @@ class EngineConfig:
     spin_sleep_us: int = 50
     python: str = ""
     env: dict[str, str] = field(default_factory=dict)
+    profiler_dir: str = ""
 
     def __post_init__(self) -> None:
         require_choice(self.dtype, "engine.dtype", DTYPES)

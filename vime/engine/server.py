@@ -24,6 +24,7 @@ import dataclasses
 import errno
 import importlib.metadata
 import importlib.util
+import json
 import logging
 import math
 import os
@@ -306,6 +307,12 @@ class VLLMServer:
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
+        if c.profiler_dir:  # serves /start_profile and /stop_profile (trace.vllm_profile_step)
+            profiler = {
+                "profiler": "torch",
+                "torch_profiler_dir": str(Path(c.profiler_dir).resolve()),
+            }
+            cmd += ["--profiler-config", json.dumps(profiler)]
         return cmd + list(c.extra_args)
 
     def environment(self) -> dict[str, str]:

@@ -43,6 +43,7 @@ from vime.config import field_names, require, require_choice
 from vime.engine.config import EngineConfig
 from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
+from vime.observability.config import MetricsConfig, TraceConfig
 from vime.rl.placement import PlacementConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.reference import ReferenceConfig
@@ -188,6 +189,8 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
+    trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
     steps: int = 40
     seed: int = 0
     run_root: str = "runs"
@@ -205,6 +208,9 @@ class TrainConfig:
         require_choice(self.sync, "sync", SYNC_METHODS)
         self._check_sync()
         self._check_algorithms()
+        self.trace.check_engine(
+            self.engine.profiler_dir, bool(self.engine.url or self.placement.engine_urls)
+        )
         require(
             not (self.engine.url and self.placement.engine_urls),
             "engine.url",

@@ -1,0 +1,97 @@
+"""The ``metrics.*`` and ``trace.*`` keys of ``vime-agent train``.
+
+A key that needs something missing (a package, an API key, a profiling engine) fails
+when the config is built, naming the key and what it needs.
+
+Example:
+    >>> MetricsConfig(wandb="offline").wandb
+    'offline'
+    >>> TraceConfig(enabled=True).vllm_profile_step
+    0
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+from vime.config import require, require_choice
+
+WANDB_MODES = ("false", "offline", "online")
+
+
+@dataclass
+class MetricsConfig:
+    """Where each step's metrics go. ``metrics.jsonl`` is always written; on top of it:
+
+    - ``tensorboard``: TensorBoard event files in ``<run>/tensorboard``;
+    - ``wandb``: ``offline`` (a W&B run folder under ``<run>/wandb``, no network; upload
+      later with ``wandb sync``), ``online`` (needs ``WANDB_API_KEY``) or ``false``;
+    - ``page``: the run page ``<run>/index.html`` (curves, time split, evals, episodes),
+      rewritten at the end of the run (``vime-agent page RUN`` at any time).
+    """
+
+    tensorboard: bool = False
+    wandb: str = "false"
+    wandb_project: str = "vime"
+    page: bool = True
+
+    def __post_init__(self) -> None:
+        self.wandb = str(self.wandb).lower()  # `metrics.wandb=false` arrives as a bool
+        require_choice(self.wandb, "metrics.wandb", WANDB_MODES)
+        require(
+            not self.tensorboard or _installed("tensorboard"),
+            "metrics.tensorboard",
+            "=true needs the tensorboard package, which is not installed "
+            "(pip install tensorboard), or set metrics.tensorboard=false",
+        )
+        require(
+            self.wandb == "false" or _installed("wandb"),
+            "metrics.wandb",
+            f"={self.wandb} needs the wandb package, which is not installed (pip install "
+            "wandb), or set metrics.wandb=false",
+        )
+        require(
+            self.wandb != "online" or bool(os.environ.get("WANDB_API_KEY")),
+            "metrics.wandb",
+            "=online needs WANDB_API_KEY in the environment (your W&B API key); "
+            "metrics.wandb=offline needs no network and no key (upload with `wandb sync`)",
+        )
+
+
+@dataclass
+class TraceConfig:
+    """Timelines: ``enabled`` writes ``<run>/traces/step_NNNNNN.json`` (Chrome/Perfetto
+    trace: episodes, turns, engine requests, env steps, sandbox execs, train micro-batches,
+    weight sync) every step; ``vime-agent trace RUN step=N`` draws one as a PNG.
+    ``vllm_profile_step`` N > 0 also records vLLM's own torch profiler trace of step N's
+    rollouts into ``engine.profiler_dir`` (the engine must be launched with it).
+    """
+
+    enabled: bool = False
+    vllm_profile_step: int = 0
+
+    def __post_init__(self) -> None:
+        require(self.vllm_profile_step >= 0, "trace.vllm_profile_step", "must be >= 0 (0 = off)")
+
+    def check_engine(self, profiler_dir: str, external: bool) -> None:
+        """``vllm_profile_step`` needs engines that can profile: vime's own launched with
+        ``engine.profiler_dir``, or external ones (checked when the step starts).
+
+        Example:
+            >>> TraceConfig(vllm_profile_step=2).check_engine("", external=False)
+            Traceback (most recent call last):
+            ...
+            vime.errors.ConfigError: trace.vllm_profile_step: =2 needs engine.profiler_dir (a folder for vLLM's profiler traces): vLLM serves /start_profile only when launched with one
+        """
+        require(
+            not self.vllm_profile_step or bool(profiler_dir) or external,
+            "trace.vllm_profile_step",
+            f"={self.vllm_profile_step} needs engine.profiler_dir (a folder for vLLM's "
+            "profiler traces): vLLM serves /start_profile only when launched with one",
+        )
+
+
+def _installed(package: str) -> bool:
+    return importlib.util.find_spec(package) is not None

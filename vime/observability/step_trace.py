@@ -1,0 +1,95 @@
+"""A training run's timelines, step by step (``trace.*`` keys).
+
+:class:`StepTrace` is what the RL loop calls around each step: ``begin(step)`` and
+``end(step)``. With ``trace.enabled`` the spans recorded meanwhile (:data:`TRACE`) are
+saved as ``<run>/traces/step_NNNNNN.json`` (Chrome/Perfetto trace JSON); with
+``trace.vllm_profile_step=N`` vLLM's own profiler runs on every engine during step N
+(``/start_profile`` … ``/stop_profile``; the engines write their torch profiler traces
+into the folder they were launched with, ``engine.profiler_dir``).
+
+Example:
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> tracing = StepTrace(run, TraceConfig(enabled=True), engine_urls=[])
+    >>> tracing.begin(1)
+    >>> with TRACE.span("weight_sync"):
+    ...     pass
+    >>> tracing.end(1).name
+    'step_000001.json'
+    >>> tracing.close()
+"""
+
+from __future__ import annotations
+
+import logging
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from vime.errors import ConfigError
+from vime.observability.config import TraceConfig
+from vime.observability.trace import TRACE
+
+log = logging.getLogger("vime.trace")
+
+
+def trace_path(run_dir: str | Path, step: int) -> Path:
+    """Where step ``step``'s trace of a run lives.
+
+    Example:
+        >>> trace_path("runs/x", 3).as_posix()
+        'runs/x/traces/step_000003.json'
+    """
+    return Path(run_dir) / "traces" / f"step_{step:06d}.json"
+
+
+class StepTrace:
+    """Per-step trace files and the vLLM profiler window (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path, config: TraceConfig, engine_urls: list[str]) -> None:
+        self.run_dir = Path(run_dir)
+        self.config = config
+        self.engine_urls = list(engine_urls)
+        self._profiling = False
+        TRACE.enable(config.enabled)
+
+    def begin(self, step: int) -> None:
+        """Start of ``step``: start vLLM's profiler if this is ``trace.vllm_profile_step``."""
+        if step == self.config.vllm_profile_step and self.engine_urls:
+            for url in self.engine_urls:
+                _post(url, "/start_profile")
+            self._profiling = True
+
+    def end(self, step: int) -> Path | None:
+        """End of ``step``: stop the profiler; write the step's trace (``trace.enabled``)."""
+        if self._profiling:
+            self._profiling = False
+            for url in self.engine_urls:
+                _post(url, "/stop_profile")
+            log.info("vLLM profiler traces of step %d: in each engine's engine.profiler_dir", step)
+        if not self.config.enabled:
+            return None
+        return TRACE.write(trace_path(self.run_dir, step), TRACE.drain())
+
+    def close(self) -> None:
+        """Stop keeping spans (a later run in this process starts clean)."""
+        TRACE.enable(False)
+        TRACE.drain()
+
+
+def _post(url: str, route: str) -> None:
+    """POST ``route`` to an engine; a server without a profiler is a config error."""
+    request = urllib.request.Request(url.rstrip("/") + route, data=b"", method="POST")
+    try:
+        # Stopping writes the profile: on CPU that takes seconds.
+        with urllib.request.urlopen(request, timeout=600):
+            pass
+    except urllib.error.HTTPError as err:
+        if err.code == 404:
+            raise ConfigError(
+                f"trace.vllm_profile_step: the engine at {url} has no {route} (it was not "
+                "launched with a profiler); launch it with engine.profiler_dir=DIR, or set "
+                "trace.vllm_profile_step=0",
+                key="trace.vllm_profile_step",
+            ) from None
+        raise

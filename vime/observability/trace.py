@@ -1,0 +1,229 @@
+"""Spans: where a run's time goes, as a Chrome/Perfetto trace (``trace.enabled=true``).
+
+One process-wide :data:`TRACE`. Code marks its work with ``with TRACE.span(kind):``;
+each kind is one of :data:`KINDS`. Every span is always counted (count and seconds per
+kind, read once per step by :meth:`Tracer.take_totals`: the ``spans/*`` metrics); only an
+enabled tracer also keeps the span itself, and :meth:`Tracer.write` saves the kept spans
+as Chrome trace JSON (open it in https://ui.perfetto.dev or ``chrome://tracing``).
+
+Lanes (the trace's rows, ``tid``): an ``episode`` span takes a free episode lane and the
+spans inside it (turns, engine requests, env steps) are drawn on it, although all
+episodes share one asyncio thread; any other span is drawn on its thread's lane.
+
+Example:
+    >>> tracer = Tracer()
+    >>> tracer.enable(True)
+    >>> with tracer.span("episode", "t1"):
+    ...     with tracer.span("turn"):
+    ...         pass
+    >>> [e["cat"] for e in tracer.drain()], tracer.take_totals()["turn"][0]
+    (['turn', 'episode'], 1)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+KINDS = (
+    "episode",
+    "turn",
+    "engine_request",
+    "env_step",
+    "sandbox_exec",
+    "train_micro_batch",
+    "weight_sync",
+)
+"""The span kinds vime records (the ``cat`` of each trace event)."""
+
+EPISODE_LANE_BASE = 1000  # episode lanes are tids 1000, 1001, ...; threads get 1, 2, ...
+_LANE: contextvars.ContextVar[int | None] = contextvars.ContextVar("vime_trace_lane", default=None)
+
+
+class Tracer:
+    """Counts every span; keeps them (for :meth:`write`) while enabled. Thread-safe."""
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self._lock = threading.Lock()
+        self._events: list[dict[str, Any]] = []
+        self._totals: dict[str, list[float]] = {}
+        self._threads: dict[str, int] = {}  # thread name -> lane
+        self._free_lanes: list[int] = []
+        self._lanes_made = 0
+        # Wall-clock microseconds at perf_counter() == 0: traces of processes line up.
+        self._origin_us = (time.time() - time.perf_counter()) * 1e6
+
+    def enable(self, on: bool) -> None:
+        """Keep spans from now on (``on``), or only count them."""
+        self.enabled = on
+
+    @contextlib.contextmanager
+    def span(self, kind: str, name: str = "", **args: Any) -> Iterator[None]:
+        """Time the body as one span of ``kind`` (one of :data:`KINDS`) named ``name``."""
+        lane = token = None
+        if self.enabled and kind == "episode":
+            lane = self._take_lane()
+            token = _LANE.set(lane)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            end = time.perf_counter()
+            if token is not None:
+                _LANE.reset(token)
+            self._record(kind, name, start, end, args, lane)
+            if lane is not None:
+                with self._lock:
+                    self._free_lanes.append(lane)
+
+    def call(self, kind: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` as one span of ``kind``, named after ``fn``.
+
+        Example:
+            >>> Tracer().call("weight_sync", max, 2, 3)
+            3
+        """
+        with self.span(kind, getattr(fn, "__qualname__", kind)):
+            return fn(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def each(self, items: Iterable[T], kind: str, **args: Any) -> Iterator[Iterator[T]]:
+        """An iterator over ``items`` that spans each item from when it is taken until the
+        next one is (or the block ends): a consumer that works on one item at a time,
+        like Megatron's schedule on micro-batches (forward and backward), gets one span
+        per item.
+
+        Example:
+            >>> tracer = Tracer()
+            >>> with tracer.each([1, 2], "train_micro_batch") as it:
+            ...     total = sum(it)
+            >>> tracer.take_totals()["train_micro_batch"][0]
+            2
+        """
+        open_at: list[float] = []
+        lane = self._lane()
+
+        def close() -> None:
+            if open_at:
+                self._record(kind, kind, open_at.pop(), time.perf_counter(), args, lane)
+
+        def spanned() -> Iterator[T]:
+            for item in items:
+                close()
+                open_at.append(time.perf_counter())
+                yield item
+
+        try:
+            yield spanned()
+        finally:
+            close()
+
+    def take_totals(self) -> dict[str, tuple[int, float]]:
+        """``{kind: (count, seconds)}`` of the spans since the last call (then reset)."""
+        with self._lock:
+            totals, self._totals = self._totals, {}
+        return {k: (int(v[0]), v[1]) for k, v in totals.items()}
+
+    def drain(self) -> list[dict[str, Any]]:
+        """The kept spans since the last drain, as Chrome trace events (then forgotten)."""
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+    def write(self, path: str | Path, events: list[dict[str, Any]]) -> Path:
+        """Save ``events`` (from :meth:`drain`) as a Chrome trace JSON file, atomically."""
+        with self._lock:
+            names = {lane: name for name, lane in self._threads.items()}
+        pid = os.getpid()
+        lanes = sorted({e["tid"] for e in events})
+        meta = [
+            {
+                "name": "thread_name",
+                "ph": "M",
+                "pid": pid,
+                "tid": lane,
+                "args": {"name": names.get(lane, f"episode lane {lane - EPISODE_LANE_BASE}")},
+            }
+            for lane in lanes
+        ]
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"traceEvents": meta + events, "displayTimeUnit": "ms"}))
+        os.replace(tmp, path)
+        return path
+
+    # ------------------------------------------------------------------ internals
+
+    def _record(
+        self, kind: str, name: str, start: float, end: float, args: dict[str, Any], lane: int | None
+    ) -> None:
+        with self._lock:
+            total = self._totals.setdefault(kind, [0, 0.0])
+            total[0] += 1
+            total[1] += end - start
+        if not self.enabled:
+            return
+        event = {
+            "name": name or kind,
+            "cat": kind,
+            "ph": "X",
+            "ts": self._origin_us + start * 1e6,
+            "dur": (end - start) * 1e6,
+            "pid": os.getpid(),
+            "tid": lane if lane is not None else self._lane(),
+            "args": {k: _plain(v) for k, v in args.items()},
+        }
+        with self._lock:
+            self._events.append(event)
+
+    def _lane(self) -> int:
+        """The lane of the current episode, else of the current thread."""
+        lane = _LANE.get()
+        if lane is not None:
+            return lane
+        name = threading.current_thread().name
+        with self._lock:
+            return self._threads.setdefault(name, len(self._threads) + 1)
+
+    def _take_lane(self) -> int:
+        with self._lock:
+            if self._free_lanes:
+                self._free_lanes.sort()
+                return self._free_lanes.pop(0)
+            self._lanes_made += 1
+            return EPISODE_LANE_BASE + self._lanes_made - 1
+
+
+def _plain(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) or value is None else str(value)
+
+
+TRACE = Tracer()
+"""The process's tracer: vime's call sites record into it."""
+
+
+def read_trace(path: str | Path) -> list[dict[str, Any]]:
+    """The span events (``ph == "X"``) of a Chrome trace file written by :meth:`Tracer.write`.
+
+    Example:
+        >>> import tempfile
+        >>> t = Tracer(); t.enable(True)
+        >>> with t.span("weight_sync"):
+        ...     pass
+        >>> path = t.write(Path(tempfile.mkdtemp()) / "s.json", t.drain())
+        >>> [e["cat"] for e in read_trace(path)]
+        ['weight_sync']
+    """
+    data = json.loads(Path(path).read_text())
+    return [e for e in data["traceEvents"] if e.get("ph") == "X"]
