@@ -64,6 +64,7 @@ from vime.agents.progress import CollectProgress
 from vime.agents.tool_parsers import PARSERS, get_parser
 from vime.config import require, require_choice
 from vime.errors import EnvError
+from vime.observability.trace import TRACE
 from vime.types import Episode, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -343,10 +344,12 @@ class Collector:
     ) -> Episode:
         """One episode, as in the module docstring (its steps: :mod:`vime.agents.episode`)."""
         run = EpisodeRun(self._context(), task, index, group, factory)
-        ending = await run.start()
-        while ending is None:
-            ending = await run.turn()
-        return await run.finish(ending)
+        with TRACE.span("episode", run.task_id, sample=index):  # trace.enabled: timelines
+            ending = await run.start()
+            while ending is None:
+                with TRACE.span("turn", f"turn {len(run.turns) + 1}"):
+                    ending = await run.turn()
+            return await run.finish(ending)
 
     def _context(self) -> EpisodeContext:
         """What the next episode shares with this collector (read when it starts)."""

@@ -46,6 +46,7 @@ from vime.agents.tool_parsers import ToolParser
 from vime.envs.contract import validate_reset_result, validate_step_result
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import EngineError, EnvError, TemplateError
+from vime.observability.trace import TRACE
 from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn
 
 logger = logging.getLogger(__name__)
@@ -329,9 +330,10 @@ class EpisodeRun:
             params = dataclasses.replace(params, seed=seed)
         t0 = time.perf_counter()
         try:
-            out = await self.context.client.generate(
-                chat.tokens, params, session=self.uid, max_tokens=max_tokens
-            )
+            with TRACE.span("engine_request", prompt_tokens=len(chat.tokens)):
+                out = await self.context.client.generate(
+                    chat.tokens, params, session=self.uid, max_tokens=max_tokens
+                )
         except ContextLengthError as err:
             raise Ending(EpisodeStatus.TRUNCATED, f"context_length: {err}") from err
         self.timings["generate_s"] += time.perf_counter() - t0
@@ -362,7 +364,8 @@ class EpisodeRun:
             note = {"role": "tool", "content": action.parse_error_message()}
             return ([note], 0.0, False, False, {}), None
         t0 = time.perf_counter()
-        result, metrics = await self._env_call("step", _step_env, self.env, action, closing)
+        with TRACE.span("env_step", self.env_id):
+            result, metrics = await self._env_call("step", _step_env, self.env, action, closing)
         new, reward, terminated, truncated, info = result
         turn.env_step_s = time.perf_counter() - t0
         turn.reward = float(reward)
