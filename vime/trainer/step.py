@@ -37,6 +37,7 @@ import torch.distributed as dist
 
 from vime.config import require, require_choice
 from vime.errors import TrainerError
+from vime.observability.trace import TRACE
 from vime.trainer import checkpoint as ckpt
 from vime.trainer.batching import MicroBatch, balance_by_tokens, collate, pack_indices
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
@@ -281,10 +282,12 @@ class Trainer:
             return hidden, partial(loss_func, mb)
 
         self.module.return_hidden = True
-        with cpu_device_scope():
+        # One span per micro-batch, forward and backward (trace.enabled: timelines).
+        spans = TRACE.each(mbs, "train_micro_batch", forward_only=forward_only)
+        with cpu_device_scope(), spans as batches:
             return get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=iter(mbs),
+                data_iterator=batches,
                 model=[self.model],
                 num_microbatches=len(mbs),
                 seq_length=max(mb.input_ids.shape[1] for mb in mbs),
