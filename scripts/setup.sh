@@ -40,11 +40,13 @@ fi
 
 # 2. Docker engine (Debian's docker.io), our own dockerd, and the offline base image.
 if [ "${VIME_SKIP_DOCKER:-0}" != 1 ]; then
-  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1; then
-    say "installing docker.io and debootstrap (apt)"
+  # chromium: headless screenshots of the run page in the tests (vime-agent page).
+  if ! command -v dockerd >/dev/null 2>&1 || ! command -v debootstrap >/dev/null 2>&1 \
+    || ! command -v chromium >/dev/null 2>&1; then
+    say "installing docker.io, debootstrap and chromium (apt)"
     export DEBIAN_FRONTEND=noninteractive
     apt-get update -qq
-    apt-get install -y -qq docker.io debootstrap >/dev/null
+    apt-get install -y -qq docker.io debootstrap chromium >/dev/null
   fi
   DOCKER_HOST=$(bash scripts/dockerd.sh start)
   export DOCKER_HOST
