@@ -9,7 +9,7 @@ installed as ``vime.suites.<name>/eval/``.
 name: my-suite
 description: arithmetic, sampled 4 times per task
 defaults:
-  k: [1, 4]              # pass@k for each k (every k <= collector.n_samples)
+  k: [1, 4]              # pass@k for each k <= collector.n_samples (pass@1 always)
   success: 1.0           # a sample passes when its reward >= success
   collector:             # vime.agents.CollectorConfig: samples, sampling, limits
     n_samples: 4
@@ -45,6 +45,7 @@ from vime.agents.collector import CollectorConfig
 from vime.config import apply_overrides, require
 from vime.envs.tasks import Task, load_tasks
 from vime.errors import ConfigError, DataError, VimeError
+from vime.rl.config import TrainConfig
 from vime.types import SamplingParams
 
 BUNDLED_SUITES = ("math", "tools", "swe")
@@ -90,7 +91,7 @@ class EvalSet:
             f"each k must be an integer in 1..collector.n_samples ({n}), got {self.k}; "
             "raise collector.n_samples or drop the larger k",
         )
-        self.k = sorted(set(self.k))
+        self.k = sorted(set(self.k) | {1})  # pass@1 is always reported (compare uses it)
 
 
 @dataclass
@@ -244,3 +245,30 @@ def _flatten(mapping: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 
 
 _NESTED = ("collector", "collector.sampling")
+
+
+def training_suite(cfg: TrainConfig) -> Suite:
+    """The suite the RL loop evaluates on: the train config's env on its held-out tasks
+    (``env.eval_tasks``/``env.eval_size``), one greedy episode per task.
+
+    Example:
+        >>> from vime.rl.config import load_config
+        >>> s = training_suite(load_config(["env=tools"])).sets[0]
+        >>> s.env, s.collector.sampling.temperature, s.collector.n_samples
+        ('vime/Tools-v0', 0.0, 1)
+    """
+    collector = dataclasses.replace(
+        cfg.rollout.collector,
+        n_samples=1,
+        sampling=dataclasses.replace(cfg.rollout.collector.sampling, temperature=0.0),
+        progress=False,
+    )
+    held_out = EvalSet(
+        name=cfg.env.id.split("/")[-1].split("-")[0].lower(),
+        env=cfg.env.id,
+        kwargs=dict(cfg.env.kwargs),
+        tasks=cfg.env.eval_tasks or "env.eval_tasks (the training source's held-out draw)",
+        limit=cfg.env.eval_size or None,
+        collector=collector,
+    )
+    return Suite("training", [held_out], description="the RL loop's held-out evaluation")
