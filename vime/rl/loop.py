@@ -119,7 +119,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         runner.save = lambda s: _checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
-            baseline = runner.run(evaluate(policy, model_dir, cfg, held_out))
+            baseline = runner.run(evaluate(policy, model_dir, cfg, held_out, run.root, 0))
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
@@ -146,7 +146,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 "weight_version": _fleet_version(engines, version),
             }
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
-                row.update(runner.run(evaluate(policy, model_dir, cfg, held_out)))
+                row.update(runner.run(evaluate(policy, model_dir, cfg, held_out, run.root, step)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, group, tasks, step)
             metrics_log.write(step, row)
