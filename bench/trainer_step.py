@@ -13,7 +13,13 @@ limits another's:
   in the training dtype, ``torch.optim.AdamW(fused=True)`` on a GPU, grad clipping;
 - ``hf``: plain transformers (SDPA attention), float32 weights under
   ``torch.autocast(bfloat16)`` on a GPU, dense fp32 log-softmax, the same token-mean
-  policy-gradient loss as vime, ``torch.optim.AdamW(fused=True)``.
+  policy-gradient loss as vime, ``torch.optim.AdamW(fused=True)``;
+- ``vime_padded``: vime with ``pack_sequences=False`` (right-padded micro-batches).
+
+``--vime-opts key=value ...`` sets ``TrainerConfig`` fields of both vime loops (e.g.
+``logprob_recompute=false recompute=full``). ``--varied`` draws row lengths uniformly from
+``[seq/4, seq]`` (RL batches are never of one length): then only the vime loops run, and the
+ratio printed is packed / padded. tok/s always counts the batch's real tokens.
 
 Printed per loop and micro-batch size: tokens per second (every token of the batch is
 trained on), ms per step, peak memory and MFU = 6·N·T / step time against the matmul
@@ -68,7 +74,7 @@ SIZES: dict[str, dict[str, Any]] = {
         vocab_size=1024,
     ),
 }
-LOOPS = ("vime", "megatron", "hf")
+LOOPS = ("vime", "megatron", "hf", "vime_padded")
 
 
 def build_model(size: str, folder: Path, dtype: str) -> Path:
@@ -122,15 +128,30 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def make_batch(batch: int, seq: int, vocab: int, seed: int = 0) -> list[list[int]]:
+def make_batch(
+    batch: int, seq: int, vocab: int, seed: int = 0, varied: bool = False
+) -> list[list[int]]:
     g = random.Random(seed)
-    return [[g.randrange(vocab) for _ in range(seq)] for _ in range(batch)]
+    lengths = [g.randint(seq // 4, seq) if varied else seq for _ in range(batch)]
+    return [[g.randrange(vocab) for _ in range(n)] for n in lengths]
+
+
+def parse_opts(pairs: list[str]) -> dict[str, Any]:
+    """``["a=1", "b=false"]`` → ``{"a": 1, "b": False}`` (JSON values, else strings)."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
 
 
 # ---- the three loops: each returns step(rows_per_micro) and the model's parameter count ----
 
 
-def vime_loop(folder: Path, rows: list[list[int]], dtype: str):
+def vime_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: Any):
     from vime.trainer.losses import LossConfig
     from vime.trainer.step import Trainer, TrainerConfig
     from vime.types import Sample
@@ -146,11 +167,14 @@ def vime_loop(folder: Path, rows: list[list[int]], dtype: str):
         )
         for r in rows
     ]
-    trainer = Trainer(folder, TrainerConfig(lr=1e-6, dtype=dtype, loss=LossConfig(tis="none")))
+    trainer = Trainer(
+        folder, TrainerConfig(lr=1e-6, dtype=dtype, loss=LossConfig(tis="none"), **opts)
+    )
+    longest = max(len(r) for r in rows)
 
     def step(rows_per_micro: int) -> None:
         # Read at every step by the batching, so a bench may change it between steps.
-        trainer.config.micro_batch_tokens = rows_per_micro * len(rows[0])
+        trainer.config.micro_batch_tokens = rows_per_micro * longest
         trainer.train_step(samples)
 
     return step, sum(p.numel() for p in trainer.module.parameters())
@@ -265,7 +289,16 @@ def hf_loop(folder: Path, rows: list[list[int]], dtype: str):
     return step, sum(p.numel() for p in model.parameters())
 
 
-BUILDERS = {"vime": vime_loop, "megatron": megatron_loop, "hf": hf_loop}
+def vime_padded_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: Any):
+    return vime_loop(folder, rows, dtype, **{**opts, "pack_sequences": False})
+
+
+BUILDERS = {
+    "vime": vime_loop,
+    "megatron": megatron_loop,
+    "hf": hf_loop,
+    "vime_padded": vime_padded_loop,
+}
 
 
 def profile(step: Any, path: Path) -> None:
@@ -300,9 +333,10 @@ def run_child(args: argparse.Namespace) -> None:
     # Megatron warns about every fused kernel it cannot find; the timings are what matter.
     warnings.filterwarnings("ignore")
     cuda = torch.cuda.is_available()
-    rows = make_batch(args.batch, args.seq, SIZES[args.size]["vocab_size"])
+    rows = make_batch(args.batch, args.seq, SIZES[args.size]["vocab_size"], varied=args.varied)
     t0 = time.perf_counter()
-    step, n_params = BUILDERS[args.child](Path(args.folder), rows, args.dtype)
+    opts = parse_opts(args.vime_opts) if args.child.startswith("vime") else {}
+    step, n_params = BUILDERS[args.child](Path(args.folder), rows, args.dtype, **opts)
     setup_s = time.perf_counter() - t0
     results = []
     for per_micro in args.rows:
@@ -349,7 +383,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="rows per step (default: 4 GPU, 4 CPU)")
     parser.add_argument("--seq", type=int, help="tokens per row (default: 4096 GPU, 128 CPU)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows per micro-batch")
-    parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS))
+    parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS[:3]))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--folder", help="an existing checkpoint built by this script")
@@ -357,6 +391,12 @@ def main() -> None:
         "--profile-dir", help="write one profiled step per loop (first --rows value) here"
     )
     parser.add_argument("--json", help="write all results here")
+    parser.add_argument(
+        "--vime-opts", nargs="*", default=[], help="TrainerConfig key=value for the vime loops"
+    )
+    parser.add_argument(
+        "--varied", action="store_true", help="row lengths in [seq/4, seq]; vime loops only"
+    )
     parser.add_argument("--child", choices=LOOPS, help=argparse.SUPPRESS)
     parser.add_argument("--dtype", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -371,6 +411,9 @@ def main() -> None:
     if args.child:
         run_child(args)
         return
+    if args.varied:
+        # Plain loops train equal-length rows; with varied lengths only vime's two layouts compare.
+        args.loops = ["vime", "vime_padded"]
 
     if not cuda:
         torch.set_num_threads(1)
@@ -396,25 +439,26 @@ def main() -> None:
                 if value is not None:
                     cmd += [f"--{flag.replace('_', '-')}", str(value)]
             cmd += ["--folder", str(folder), "--rows", *map(str, args.rows)]
+            cmd += ["--vime-opts", *args.vime_opts] + (["--varied"] if args.varied else [])
             if subprocess.run(cmd).returncode != 0:
                 print(f"  {loop}: failed (see above)", flush=True)
                 continue
             results += json.loads(out.read_text())
 
-    tokens = args.batch * args.seq
-    print(f"\n{'loop':<9}{'rows/mb':>8}{'ms/step':>10}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}")
+    tokens = sum(map(len, make_batch(args.batch, args.seq, 2, varied=args.varied)))
+    print(f"\n{'loop':<12}{'rows/mb':>8}{'ms/step':>10}{'tok/s':>10}{'MFU':>8}{'peak GiB':>10}")
     by_key = {}
     for r in results:
         r["tok_s"] = tokens / r["step_s"]
         r["mfu"] = 6 * r["params"] * tokens / r["step_s"] / peak
         by_key[r["loop"], r["rows_per_micro"]] = r
         print(
-            f"{r['loop']:<9}{r['rows_per_micro']:>8}{r['step_s'] * 1e3:>10.1f}{r['tok_s']:>10.0f}"
+            f"{r['loop']:<12}{r['rows_per_micro']:>8}{r['step_s'] * 1e3:>10.1f}{r['tok_s']:>10.0f}"
             f"{r['mfu']:>8.1%}{r['peak_gib']:>10.1f}"
         )
     for per_micro in args.rows:
         vime = by_key.get(("vime", per_micro))
-        for other in ("megatron", "hf"):
+        for other in ("megatron", "hf", "vime_padded"):
             base = by_key.get((other, per_micro))
             if vime and base:
                 print(

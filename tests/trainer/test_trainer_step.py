@@ -41,13 +41,29 @@ def test_train_step_is_packing_invariant_reports_metrics_and_learns(hf_checkpoin
     folder = hf_checkpoints["qwen2"]
     samples = random_samples(6, 250, seed=2)
     cfg = dict(lr=1e-3, grad_clip=1.0)
-    one_batch = Trainer(folder, TrainerConfig(micro_batch_tokens=10_000, **cfg))
-    many = Trainer(folder, TrainerConfig(micro_batch_tokens=40, logprob_chunk_tokens=8, **cfg))
+    # One padded block, against many packed micro-batches (chunked log-probs kept, not
+    # recomputed), against many padded ones: the same step.
+    one_batch = Trainer(
+        folder, TrainerConfig(micro_batch_tokens=10_000, pack_sequences=False, **cfg)
+    )
+    many = Trainer(
+        folder,
+        TrainerConfig(
+            micro_batch_tokens=30, logprob_chunk_tokens=8, logprob_recompute=False, **cfg
+        ),
+    )
+    padded = Trainer(
+        folder,
+        TrainerConfig(micro_batch_tokens=30, logprob_chunk_tokens=8, pack_sequences=False, **cfg),
+    )
     before = many.compute_logprobs(samples)
-    m1, m2 = one_batch.train_step(samples), many.train_step(samples)
-    assert m1["num_micro_batches"] == 1 and m2["num_micro_batches"] > 2
+    assert max_abs_diff(before, padded.compute_logprobs(samples)) < 1e-5
+    m1, m2, m3 = (t.train_step(samples) for t in (one_batch, many, padded))
+    assert m1["num_micro_batches"] == 1
+    assert 2 < m2["num_micro_batches"] < m3["num_micro_batches"]
     for key in ("loss", "grad_norm", "entropy", "train_rollout_logprob_abs_diff", "tis_clip_frac"):
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-7), key
+        assert m1[key] == pytest.approx(m3[key], rel=1e-5, abs=1e-7), key
     mask_tokens = [(i, t) for i, s in enumerate(samples) for t, m in enumerate(s.loss_mask) if m]
     diff = sum(abs(before[i][t] - samples[i].rollout_logprobs[t]) for i, t in mask_tokens) / len(
         mask_tokens
@@ -159,3 +175,20 @@ def test_bf16_checkpoint_survives_sigkill_and_resumes_the_same_losses(
     # Same ops on the same device in both processes: equal up to float reassociation.
     assert again == pytest.approx(expected, rel=1e-5)
     assert expected[1] != pytest.approx(expected[0], rel=1e-4)  # it did train
+
+
+@pytest.mark.parametrize("recompute", ["selective", "full"])
+def test_activation_recompute_gives_the_same_step(recompute, hf_checkpoints, dist1):
+    folder = hf_checkpoints["qwen3"]
+    samples = random_samples(4, 250, seed=5)
+    cfg = dict(lr=1e-3, micro_batch_tokens=40)
+    plain = Trainer(folder, TrainerConfig(**cfg)).train_step(samples)
+    again = Trainer(folder, TrainerConfig(recompute=recompute, **cfg)).train_step(samples)
+    for key in ("loss", "grad_norm", "entropy"):
+        assert plain[key] == pytest.approx(again[key], rel=1e-6, abs=1e-8), key
+
+
+def test_packing_with_megatron_attention_fails_at_start_naming_both_keys():
+    with pytest.raises(Exception, match=r"trainer\.pack_sequences.*trainer\.attention=sdpa"):
+        TrainerConfig(attention="megatron")
+    assert TrainerConfig(attention="megatron", pack_sequences=False).attention == "megatron"

@@ -5,8 +5,10 @@ megatron-core's local attention (``DotProductAttention``) materialises the full
 and memory-hungry on GPUs without transformer-engine. PyTorch's SDPA picks a fused kernel
 (flash / memory-efficient on CUDA, a blocked kernel on CPU), handles grouped-query
 attention natively, and is what HF transformers use by default, so the numerics stay close
-to the reference. vime only trains causal, right-padded micro-batches, so the mask is
-``is_causal`` and Megatron's explicit mask argument is ignored.
+to the reference. vime trains causal micro-batches, right-padded (the mask is ``is_causal``
+and Megatron's explicit mask argument is ignored) or packed: Megatron's ``thd`` layout, the
+samples concatenated with their cumulative lengths in ``packed_seq_params``, where each
+sample attends only to itself (:func:`packed_causal_sdpa`).
 
 Example:
     >>> import torch
@@ -17,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -44,6 +47,40 @@ def causal_sdpa(
     return out.permute(2, 0, 1, 3).reshape(s, b, -1)
 
 
+def packed_causal_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    *,
+    softmax_scale: float | None,
+) -> torch.Tensor:
+    """Causal attention within each packed sample: ``[t, heads, d]`` → ``[t, heads·d]``.
+
+    ``cu_seqlens`` (``[n + 1]``, on the CPU so that reading it never waits for the GPU)
+    holds the samples' cumulative lengths; sample i is rows ``cu[i]:cu[i+1]``. Each sample
+    runs through the fused kernel on its own, so no token ever sees another sample.
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(5, 2, 4)
+        >>> out = packed_causal_sdpa(x, x, x, torch.tensor([0, 3, 5]), softmax_scale=None)
+        >>> alone = causal_sdpa(x[3:, None], x[3:, None], x[3:, None], softmax_scale=None)
+        >>> bool(torch.allclose(out[3:], alone[:, 0]))
+        True
+    """
+    bounds = cu_seqlens.tolist()
+    gqa = query.shape[1] != key.shape[1]
+    outs = []
+    for lo, hi in itertools.pairwise(bounds):
+        q, k, v = (t[lo:hi].transpose(0, 1)[None] for t in (query, key, value))  # [1, h, s, d]
+        out = F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=softmax_scale, enable_gqa=gqa
+        )
+        outs.append(out[0].transpose(0, 1).reshape(hi - lo, -1))
+    return torch.cat(outs)
+
+
 def sdpa_core_attention_class() -> type:
     """The Megatron ``core_attention`` module class built on :func:`causal_sdpa`.
 
@@ -54,7 +91,7 @@ def sdpa_core_attention_class() -> type:
     from megatron.core.transformer.module import MegatronModule
 
     class SDPACoreAttention(MegatronModule):
-        """Drop-in for ``DotProductAttention`` (causal, no dropout, no packed sequences)."""
+        """Drop-in for ``DotProductAttention`` (causal, no dropout; padded or ``thd``-packed)."""
 
         def __init__(
             self,
@@ -80,8 +117,16 @@ def sdpa_core_attention_class() -> type:
             attention_bias=None,
             packed_seq_params=None,
         ):
-            if packed_seq_params is not None or attention_bias is not None:
-                raise NotImplementedError("SDPACoreAttention: packed sequences / attention bias")
+            if attention_bias is not None:
+                raise NotImplementedError("SDPACoreAttention: attention bias")
+            if packed_seq_params is not None:
+                return packed_causal_sdpa(
+                    query,
+                    key,
+                    value,
+                    packed_seq_params.cu_seqlens_q,
+                    softmax_scale=self.softmax_scale,
+                )
             return causal_sdpa(query, key, value, softmax_scale=self.softmax_scale)
 
     return SDPACoreAttention

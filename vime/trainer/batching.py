@@ -1,36 +1,68 @@
-"""Packing variable-length samples into padded micro-batches under a token budget.
+"""Grouping variable-length samples into micro-batches under a token budget.
 
-A micro-batch is a right-padded ``[B, S]`` block. Attention is causal, so padding at the end
-of a row never changes the rows' real tokens; padded positions have ``mask`` 0. The budget
-counts padded tokens (``B × S``), which is what the forward pass actually costs.
+Two layouts of a micro-batch's model input:
 
-Rows are sorted by length (longest first) before packing so that rows of similar length
-share a micro-batch and little is wasted on padding. A sample longer than the budget gets a
-micro-batch of its own (samples are never split: GSPO and seq-mean need whole rows).
+- **packed** (the default): the samples are concatenated into one ``[1, T]`` row with no
+  padding; positions restart at 0 for each sample and the attention is causal *within*
+  each sample (``cu_seqlens``: the cumulative lengths, as flash-attention's varlen kernels
+  and Megatron's ``thd`` format take them). The budget counts real tokens.
+- **padded**: a right-padded ``[B, S]`` block. Attention is causal, so padding at the end of
+  a row never changes the row's real tokens. The budget counts ``B × S``, what the forward
+  pass costs.
+
+Either way the target-aligned tensors (targets, masks, log-probs, advantages) are ``[B, S-1]``
+blocks, one row per sample, so the losses never see the layout: ``source_index`` says which
+position of the model's flattened output predicts each real target.
+
+Samples are taken longest first. A sample longer than the budget gets a micro-batch of its
+own (samples are never split: GSPO and seq-mean need whole rows).
 
 Example:
     >>> pack_indices([5, 3, 3, 2], token_budget=8)
     [[0], [1, 2], [3]]
+    >>> pack_indices([5, 3, 3, 2], token_budget=8, packed=True)
+    [[0, 1], [2, 3]]
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from vime.types import Sample
 
 
-def pack_indices(lengths: Sequence[int], token_budget: int) -> list[list[int]]:
-    """Group sample indices into micro-batches with ``rows × longest ≤ token_budget``.
+def pack_indices(
+    lengths: Sequence[int], token_budget: int, *, packed: bool = False
+) -> list[list[int]]:
+    """Group sample indices into micro-batches under ``token_budget``.
+
+    Padded: ``rows × longest ≤ token_budget``, consecutive in length order. Packed:
+    ``Σ lengths ≤ token_budget``, first fit in decreasing length order (each sample goes to
+    the first micro-batch it still fits in), which leaves few half-empty micro-batches.
 
     Example:
         >>> pack_indices([4, 4, 4], token_budget=8)
         [[0, 1], [2]]
+        >>> pack_indices([6, 5, 2, 2], token_budget=8, packed=True)
+        [[0, 2], [1, 3]]
     """
     order = sorted(range(len(lengths)), key=lambda i: (-lengths[i], i))
+    if packed:
+        bins: list[list[int]] = []
+        used: list[int] = []
+        for i in order:
+            fit = next((b for b, u in enumerate(used) if u + lengths[i] <= token_budget), None)
+            if fit is None:
+                bins.append([i])
+                used.append(lengths[i])
+            else:
+                bins[fit].append(i)
+                used[fit] += lengths[i]
+        return bins
     batches: list[list[int]] = []
     current: list[int] = []
     longest = 0
@@ -66,15 +98,20 @@ def balance_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
 
 @dataclass
 class MicroBatch:
-    """Padded tensors of one micro-batch. Target-aligned tensors are ``[B, S − 1]``:
-    column t holds the data of token t + 1, predicted from position t."""
+    """Tensors of one micro-batch. Target-aligned tensors are ``[B, S − 1]``, one row per
+    sample: column t holds the data of token t + 1, predicted from position t."""
 
     indices: list[int]
-    input_ids: torch.Tensor  # [B, S]
-    position_ids: torch.Tensor  # [B, S]
+    input_ids: torch.Tensor  # [B, S] padded, or [1, T] packed
+    position_ids: torch.Tensor  # same shape; restarts at 0 for each packed sample
     # [1, 1, S, S] bool, True = masked (Megatron convention); None where the attention is
     # causal by itself (vime's SDPA core attention ignores any mask).
     attention_mask: torch.Tensor | None
+    # For each real target (row-major over [B, S-1] where ``valid``), the position in the
+    # model's flattened output (Megatron's [S, B, H] → S·B rows, or [T, 1, H]) predicting it.
+    source_index: torch.Tensor  # [N] long
+    # Packed only: [B + 1] int32 cumulative lengths, on the CPU (read as Python ints).
+    cu_seqlens: torch.Tensor | None
     targets: torch.Tensor  # [B, S-1]
     loss_mask: torch.Tensor  # [B, S-1] float
     valid: torch.Tensor  # [B, S-1] float, 1 on real (non-pad) targets
@@ -95,6 +132,39 @@ def _pad_rows(rows: list[list[float]], width: int, dtype: torch.dtype) -> torch.
     return out
 
 
+def _padded_layout(lengths: list[int], width: int, causal_mask: bool) -> dict[str, Any]:
+    rows = len(lengths)
+    real = torch.arange(width - 1)[None] < torch.tensor(lengths)[:, None] - 1
+    # Megatron's output is [S, B, H]: position t of row r is row t·B + r once flattened.
+    flat = torch.arange(width - 1)[None] * rows + torch.arange(rows)[:, None]
+    return dict(
+        position_ids=torch.arange(width)[None].expand(rows, -1).contiguous(),
+        attention_mask=(
+            torch.triu(torch.ones(width, width, dtype=torch.bool), diagonal=1)[None, None]
+            if causal_mask
+            else None
+        ),
+        source_index=flat[real],
+        cu_seqlens=None,
+    )
+
+
+def _packed_layout(lengths: list[int]) -> dict[str, Any]:
+    sizes = torch.tensor(lengths)
+    cu = torch.zeros(len(lengths) + 1, dtype=torch.int32)
+    cu[1:] = sizes.cumsum(0)
+    total = int(cu[-1])
+    starts = torch.repeat_interleave(cu[:-1].long(), sizes)
+    keep = torch.ones(total, dtype=torch.bool)
+    keep[cu[1:].long() - 1] = False  # a sample's last token predicts nothing of its own
+    return dict(
+        position_ids=(torch.arange(total) - starts)[None],
+        attention_mask=None,
+        source_index=torch.arange(total)[keep],
+        cu_seqlens=cu,
+    )
+
+
 def collate(
     samples: Sequence[Sample],
     indices: list[int],
@@ -102,26 +172,34 @@ def collate(
     old_logprobs: Sequence[Sequence[float]] | None = None,
     pad_id: int = 0,
     causal_mask: bool = True,
+    packed: bool = False,
 ) -> MicroBatch:
-    """Build the padded :class:`MicroBatch` of ``samples[i] for i in indices``.
+    """Build the :class:`MicroBatch` of ``samples[i] for i in indices``.
 
     ``old_logprobs`` (optional, one list per sample, aligned with ``tokens``) are the
     behaviour log-probs for the PPO ratio; ``Sample.ref_logprobs`` feed the KL term.
     ``causal_mask=False`` leaves ``attention_mask`` out: building the ``S × S`` masks was
     ~90% of the collation time (~120 ms of CPU per 4 × 4096-token step, while the GPU
     waited), then a 16 MB copy each to the GPU, for an attention that never reads them.
+    ``packed=True`` concatenates the rows into one (see the module docstring).
 
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
         >>> collate([s], [0]).targets.tolist()
         [[2, 3]]
+        >>> t = Sample(tokens=[4, 5], loss_mask=[0, 1], rollout_logprobs=[0, -1])
+        >>> mb = collate([s, t], [0, 1], packed=True)
+        >>> mb.input_ids.tolist(), mb.position_ids.tolist(), mb.source_index.tolist()
+        ([[1, 2, 3, 4, 5]], [[0, 1, 2, 0, 1]], [0, 1, 3])
     """
     rows = [samples[i] for i in indices]
-    width = max(len(s.tokens) for s in rows)
+    lengths = [len(s.tokens) for s in rows]
+    width = max(lengths)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     for r, s in enumerate(rows):
         ids[r, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
-    valid = _pad_rows([[1.0] * (len(s.tokens) - 1) for s in rows], width - 1, torch.float32)
+    valid = _pad_rows([[1.0] * (n - 1) for n in lengths], width - 1, torch.float32)
+    layout = _packed_layout(lengths) if packed else _padded_layout(lengths, width, causal_mask)
 
     def shifted(values: list[list[float]]) -> torch.Tensor:
         return _pad_rows([v[1:] for v in values], width - 1, torch.float32)
@@ -134,13 +212,8 @@ def collate(
         old = shifted([list(old_logprobs[i]) for i in indices])
     return MicroBatch(
         indices=list(indices),
-        input_ids=ids,
-        position_ids=torch.arange(width)[None].expand(len(rows), -1).contiguous(),
-        attention_mask=(
-            torch.triu(torch.ones(width, width, dtype=torch.bool), diagonal=1)[None, None]
-            if causal_mask
-            else None
-        ),
+        input_ids=torch.tensor([t for s in rows for t in s.tokens])[None] if packed else ids,
+        **layout,
         targets=ids[:, 1:].contiguous(),
         loss_mask=shifted([list(map(float, s.loss_mask)) for s in rows]),
         valid=valid,

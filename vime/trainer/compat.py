@@ -112,6 +112,7 @@ def apply_cpu_shims() -> None:
         return
     import megatron.core.optimizer.clip_grads as clip_grads
     import megatron.core.optimizer.optimizer as optimizer_mod
+    import megatron.core.tensor_parallel.random as tp_random
 
     # Megatron passes current_device() as a device argument; "cpu" is a valid one.
     torch.cuda.current_device = lambda: "cpu"  # type: ignore[assignment,return-value]
@@ -119,6 +120,10 @@ def apply_cpu_shims() -> None:
     torch.cuda.synchronize = lambda device=None: None  # type: ignore[assignment]
     clip_grads.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32
     optimizer_mod.clip_grad_by_total_norm_fp32 = _cpu_clip_grad_by_total_norm_fp32  # type: ignore[attr-defined]
+    # Activation recompute saves and restores the CUDA RNG state around each recomputed
+    # layer; with no CUDA generator there is nothing to keep (and dropout is 0 anyway).
+    tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
+    tp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     _APPLIED = True
 
 

@@ -3,7 +3,9 @@
 The output projection ``hidden @ W.T`` over the whole vocabulary is the largest tensor of a
 policy-gradient step (tokens × vocab, in fp32). Here it only ever exists for ``chunk_size``
 tokens at a time, both forward and backward: each chunk runs under activation
-checkpointing, so its logits are recomputed in the backward pass instead of being kept.
+checkpointing, so its logits are recomputed in the backward pass instead of being kept
+(``recompute=False`` keeps them: faster where memory allows). The entropy is a metric
+unless the loss has an entropy term: then it is computed without a graph of its own.
 
 Under tensor parallelism each rank holds a ``vocab / tp`` slice of ``W``; the log-softmax
 is assembled from per-rank pieces (max, sum of exponentials, target logit, Σ p·logit) with
@@ -66,6 +68,7 @@ def _chunk(
     tp: int,
     tp_rank: int,
     with_entropy: bool,
+    entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = hidden @ weight.t()
     # bf16/fp16 logits are upcast (as vLLM does); fp64 stays fp64 (for exact tests).
@@ -93,9 +96,11 @@ def _chunk(
     logprob = target_logit - log_z
     if not with_entropy:
         return logprob, torch.zeros_like(logprob)
-    # H = log Z − Σ_v p_v · shifted_v, with p_v = exp(shifted_v) / Z.
-    weighted = _sum_over_tp((exp * shifted).sum(dim=-1), group, tp)
-    entropy = log_z - weighted / sum_exp
+    # H = log Z − Σ_v p_v · shifted_v, with p_v = exp(shifted_v) / Z. As a metric only, it
+    # needs no graph: the backward pass would otherwise keep (and walk) another V-wide pass.
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        weighted = _sum_over_tp((exp * shifted).sum(dim=-1), group, tp)
+        entropy = log_z - weighted / sum_exp
     return logprob, entropy
 
 
@@ -108,6 +113,8 @@ def token_logprobs(
     chunk_size: int = 1024,
     vocab_size: int | None = None,
     with_entropy: bool = True,
+    entropy_grad: bool = True,
+    recompute: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the entropy of the distribution, for every row of ``hidden``.
 
@@ -119,6 +126,9 @@ def token_logprobs(
         chunk_size: tokens per chunk; peak extra memory is about ``chunk_size × V_local``.
         vocab_size: the true vocabulary size; columns beyond it (padding) are masked.
         with_entropy: also compute the entropy (else zeros are returned for it).
+        entropy_grad: the entropy is differentiable (an entropy loss term); else detached.
+        recompute: checkpoint each chunk (its logits are recomputed in the backward pass)
+            rather than keep every chunk's fp32 logits until the backward pass.
 
     Returns ``(logprobs [N], entropy [N])`` in fp32 (fp64 for fp64 inputs), differentiable w.r.t. hidden and weight.
 
@@ -150,8 +160,9 @@ def token_logprobs(
             tp,
             tp_rank,
             with_entropy,
+            entropy_grad,
         )
-        if needs_grad:
+        if needs_grad and recompute:
             lp, ent = checkpoint(_chunk, *args, use_reentrant=False)
         else:
             lp, ent = _chunk(*args)

@@ -28,6 +28,8 @@ SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
 # Vocab rows are padded to a multiple of this, independent of TP, so that checkpoints keep
 # one shape across TP sizes (Llama and Qwen vocabularies are already multiples of it).
 VOCAB_PAD_MULTIPLE = 128
+# Megatron's activation recompute: none, the core attention, or every layer.
+RECOMPUTE_MODES = ("none", "selective", "full")
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,18 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
 
 
 def megatron_config_from_hf(
-    cfg: Any, *, tp: int = 1, pp: int = 1, dtype: torch.dtype = torch.float32
+    cfg: Any,
+    *,
+    tp: int = 1,
+    pp: int = 1,
+    dtype: torch.dtype = torch.float32,
+    recompute: str = "none",
 ) -> Any:
     """A Megatron ``TransformerConfig`` equivalent to HF config ``cfg``.
 
     Dropout is 0 and every fused kernel is off: the model must reproduce HF (and vLLM)
-    numerics, and the fused paths need CUDA extensions.
+    numerics, and the fused paths need CUDA extensions. ``recompute`` is one of
+    :data:`RECOMPUTE_MODES` (``full``: every layer, uniformly, one layer per checkpoint).
 
     Example:
         >>> from transformers import Qwen3Config
@@ -137,6 +145,13 @@ def megatron_config_from_hf(
     """
     from megatron.core.transformer import TransformerConfig
 
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={recompute!r}: choose one of {RECOMPUTE_MODES}")
+    recompute_args: dict[str, Any] = {}
+    if recompute != "none":
+        recompute_args["recompute_granularity"] = recompute
+    if recompute == "full":
+        recompute_args.update(recompute_method="uniform", recompute_num_layers=1)
     spec = cfg if isinstance(cfg, ModelSpec) else model_spec_from_hf(cfg)
     if spec.num_kv_heads % tp != 0:
         raise UnsupportedArchitectureError(
@@ -175,6 +190,7 @@ def megatron_config_from_hf(
         use_cpu_initialization=True,
         # Per-token loss normalisation is done by vime's losses (see vime.trainer.losses).
         calculate_per_token_loss=True,
+        **recompute_args,
     )
 
 
@@ -225,14 +241,20 @@ ATTENTION_BACKENDS = ("sdpa", "megatron")
 
 
 def build_gpt_model(
-    cfg: Any, *, dtype: torch.dtype = torch.float32, attention: str = "sdpa"
+    cfg: Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attention: str = "sdpa",
+    recompute: str = "none",
 ) -> Any:
     """Build this rank's stage of the Megatron GPT model for HF config ``cfg``.
 
     Needs :func:`vime.trainer.parallel.init_distributed` first (TP/PP sizes come from it).
     Weights are random until :func:`vime.trainer.hf.load_hf_weights`. ``attention`` is
     ``"sdpa"`` (PyTorch's fused causal attention, see :mod:`vime.trainer.attention`) or
-    ``"megatron"`` (megatron-core's unfused ``DotProductAttention``).
+    ``"megatron"`` (megatron-core's unfused ``DotProductAttention``). ``recompute`` is
+    Megatron's activation recompute (one of :data:`RECOMPUTE_MODES`): ``selective``
+    recomputes the core attention, ``full`` every layer from its input, in the backward pass.
 
     Example (the build is skipped as a doctest: it needs
     :func:`~vime.trainer.parallel.init_distributed`, whose process groups are global state):
@@ -245,7 +267,7 @@ def build_gpt_model(
     spec = model_spec_from_hf(cfg)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
-    config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype)
+    config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype, recompute=recompute)
     layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_BACKENDS}")

@@ -44,7 +44,7 @@ from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_track
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import token_logprobs
 from vime.trainer.losses import LossConfig, aggregate, denominator_from_counts, policy_loss
-from vime.trainer.model import ATTENTION_BACKENDS, build_gpt_model
+from vime.trainer.model import ATTENTION_BACKENDS, RECOMPUTE_MODES, build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
 from vime.types import Sample
 
@@ -57,8 +57,14 @@ _SUMS = ("loss", "loss_tokens", "clipped", "tis_clipped", "kl", "entropy", "abs_
 class TrainerConfig:
     """Options of the trainer; ``loss`` holds the objective's options.
 
-    ``micro_batch_tokens`` bounds ``rows × longest row`` of a micro-batch;
-    ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once.
+    ``micro_batch_tokens`` bounds the tokens of a micro-batch: the samples' own tokens when
+    ``pack_sequences`` (the default: samples concatenated with no padding, each attending
+    only to itself), else ``rows × longest row`` of a right-padded block.
+    ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once;
+    ``logprob_recompute`` recomputes each chunk's logits in the backward pass instead of
+    keeping them (less memory, ~10% more step time on a 1.8B model with a 152k vocabulary).
+    ``recompute`` is Megatron's activation recompute: ``none``, ``selective`` (the core
+    attention) or ``full`` (every transformer layer, keeping only its input).
     The learning rate of step k (1-based) is ``lr · min(1, k / warmup_steps)``, then decays
     to ``min_lr`` over ``lr_decay_steps`` with ``lr_decay_style`` (``constant``: no decay).
     ``temperature`` must be the sampling temperature of the rollouts. ``attention`` is
@@ -81,6 +87,9 @@ class TrainerConfig:
     grad_clip: float = 1.0
     micro_batch_tokens: int = 4096
     logprob_chunk_tokens: int = 1024
+    logprob_recompute: bool = True
+    pack_sequences: bool = True
+    recompute: str = "none"
     temperature: float = 1.0
     seed: int = 1234
     dtype: str = "float32"
@@ -106,6 +115,13 @@ class TrainerConfig:
         )
         require_choice(self.dtype, "trainer.dtype", list(DTYPES))
         require_choice(self.attention, "trainer.attention", ATTENTION_BACKENDS)
+        require_choice(self.recompute, "trainer.recompute", RECOMPUTE_MODES)
+        require(
+            not (self.pack_sequences and self.attention == "megatron"),
+            "trainer.pack_sequences",
+            "needs trainer.attention=sdpa: megatron-core's own attention only takes packed "
+            "samples through transformer-engine; set trainer.pack_sequences=false to use it",
+        )
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
 
@@ -150,7 +166,12 @@ class Trainer:
         init_rng_tracker(self.config.seed)
         self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
         dtype = DTYPES[self.config.dtype]
-        model = build_gpt_model(self.hf_config, dtype=dtype, attention=self.config.attention)
+        model = build_gpt_model(
+            self.hf_config,
+            dtype=dtype,
+            attention=self.config.attention,
+            recompute=self.config.recompute,
+        )
         load_hf_weights(model, self.hf_folder)
         if cuda_available():
             model = model.cuda()
@@ -245,13 +266,18 @@ class Trainer:
                     "were the samples tokenized for another model?"
                 )
         lengths = [len(samples[i].tokens) for i in indices]
-        groups = pack_indices(lengths, self.config.micro_batch_tokens)
+        packed = self.config.pack_sequences
+        groups = pack_indices(lengths, self.config.micro_batch_tokens, packed=packed)
         # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
         mask = self.config.attention == "megatron"
         return [
             _to_device(
                 collate(
-                    samples, [indices[j] for j in g], old_logprobs=old_logprobs, causal_mask=mask
+                    samples,
+                    [indices[j] for j in g],
+                    old_logprobs=old_logprobs,
+                    causal_mask=mask,
+                    packed=packed,
                 ),
                 self.device,
             )
@@ -259,26 +285,37 @@ class Trainer:
         ]
 
     def _token_logprobs(self, hidden: torch.Tensor, mb: MicroBatch, with_entropy: bool):
-        """``[B, S-1]`` log-probs (and entropies) of the micro-batch's targets."""
-        h = hidden.transpose(0, 1)[:, :-1]  # [S, B, H] → [B, S-1, H]: position t predicts t+1
-        b, s, _ = h.shape
+        """``[B, S-1]`` log-probs (and entropies) of the micro-batch's targets.
+
+        Only real targets are computed (padding and the last token of each packed sample
+        predict nothing); the rest of the block is 0."""
+        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source_index)
+        real = mb.valid.bool()
         lp, ent = token_logprobs(
-            h.reshape(b * s, -1),
+            h,
             self.module.output_weight(),
-            mb.targets.reshape(-1),
+            mb.targets[real],
             temperature=self.config.temperature,
             chunk_size=self.config.logprob_chunk_tokens,
             vocab_size=self.spec.vocab_size,
             with_entropy=with_entropy,
+            entropy_grad=self.config.loss.entropy_coef != 0,
+            recompute=self.config.logprob_recompute,
         )
-        return lp.view(b, s), ent.view(b, s)
+        block = torch.zeros(real.shape, dtype=lp.dtype, device=lp.device)
+        return block.masked_scatter(real, lp), block.masked_scatter(real, ent)
 
     def _run_schedule(self, mbs: list[MicroBatch], loss_func: Any, forward_only: bool) -> list[Any]:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         def forward_step(data_iterator: Any, model: Any):
             mb = next(data_iterator)
-            hidden = model(mb.input_ids, mb.position_ids, mb.attention_mask)
+            hidden = model(
+                mb.input_ids,
+                mb.position_ids,
+                mb.attention_mask,
+                packed_seq_params=_packed_seq_params(mb),
+            )
             return hidden, partial(loss_func, mb)
 
         self.module.return_hidden = True
@@ -496,10 +533,29 @@ def _use_fused_adam(optimizer: Any) -> None:
         inner.defaults.update(fused=True, foreach=False)
 
 
+def _packed_seq_params(mb: MicroBatch) -> Any:
+    """Megatron's ``thd`` description of a packed micro-batch (None when padded).
+
+    ``cu_seqlens`` stay on the CPU: Megatron's RoPE and vime's attention read them as
+    Python ints, which on the GPU would wait for the device twice per layer."""
+    if mb.cu_seqlens is None:
+        return None
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=mb.cu_seqlens,
+        cu_seqlens_kv=mb.cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
+
+
 def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
     if device.type == "cpu":
         return mb
     for name, value in vars(mb).items():
-        if isinstance(value, torch.Tensor):
+        if isinstance(value, torch.Tensor) and name != "cu_seqlens":
             setattr(mb, name, value.to(device, non_blocking=True))
     return mb
