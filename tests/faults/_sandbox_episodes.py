@@ -1,0 +1,94 @@
+"""Helpers for the sandbox fault and load tests: vime/Tools-v0 episodes collected by the
+real Collector with a scripted policy (a random tiny model would never call a tool), in
+real sandboxes, and the labelled containers they leave on a docker host.
+
+A task's question is ``TASK:<key>``; the policy looks the key up in its script: the first
+turn runs that Python code with the ``python`` tool (or submits at once when the code is
+None), the next turn submits the task's answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from typing import Any
+
+import vime
+from vime.agents import Collector, CollectorConfig
+from vime.agents.policy_client import Completion
+from vime.sandbox import SandboxConfig
+from vime.sandbox.client import docker_client
+from vime.types import Episode
+
+
+class ScriptedToolPolicy:
+    """Stands in for PolicyClient: turn 1 calls ``python`` with the task's code, turn 2
+    submits the answer (hermes ``<tool_call>`` text, tokenized like a model's reply)."""
+
+    def __init__(self, tok: Any, script: dict[str, str | None]) -> None:
+        self.tok, self.script = tok, script
+        self.turns: dict[str, int] = {}
+
+    async def model_name(self) -> str:
+        return "scripted"
+
+    async def max_model_len(self) -> int:
+        return 8192
+
+    async def generate(self, prompt_ids, params, *, session, max_tokens=None) -> Completion:
+        found = re.findall(r"TASK:(\w+)", self.tok.decode(prompt_ids))
+        key = found[-1]
+        turn = self.turns[session] = self.turns.get(session, -1) + 1
+        code = self.script[key]
+        if turn == 0 and code is not None:
+            call = {"name": "python", "arguments": {"code": code}}
+        else:
+            call = {"name": "submit", "arguments": {"answer": "ok"}}
+        text = f"<tool_call>\n{json.dumps(call)}\n</tool_call>"
+        ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
+        return Completion(ids, [-0.5] * len(ids), "stop", 0, "scripted")
+
+    def release(self, session: str) -> None:
+        self.turns.pop(session, None)
+
+
+def tasks(keys: list[str]) -> list[dict[str, Any]]:
+    """One Tools-v0 task per key (the answer is always "ok")."""
+    return [{"id": key, "question": f"TASK:{key}", "answer": "ok"} for key in keys]
+
+
+def collect(
+    tok: Any, script: dict[str, str | None], sandbox: SandboxConfig, keys: list[str]
+) -> list[Episode]:
+    """Collect one episode per key (all concurrently) with the scripted policy."""
+
+    def make_env() -> Any:
+        return vime.make("vime/Tools-v0", sandbox=sandbox, max_turns=3, tools=["python", "submit"])
+
+    config = CollectorConfig(progress=False, env_timeout_s=120.0, max_model_len=8192)
+    collector = Collector(ScriptedToolPolicy(tok, script), tok, config)  # type: ignore[arg-type]
+    try:
+        return asyncio.run(collector.collect(tasks(keys), make_env))
+    finally:
+        collector.close()
+
+
+def labelled(host: str, tag: str) -> list[dict[str, Any]]:
+    """Every container (running or not) labelled ``vime.test=<tag>`` on ``host``."""
+    return docker_client(host).api.containers(all=True, filters={"label": f"vime.test={tag}"})
+
+
+def running(host: str, tag: str, command: str) -> list[str]:
+    """Ids of the labelled containers on ``host`` that run a process whose command line
+    contains ``command``."""
+    api = docker_client(host).api
+    found = []
+    for info in labelled(host, tag):
+        try:
+            procs = api.top(info["Id"])["Processes"] or []
+        except Exception:  # stopped or removed meanwhile
+            continue
+        if any(command in " ".join(map(str, p)) for p in procs):
+            found.append(info["Id"])
+    return found

@@ -1,0 +1,145 @@
+"""Container faults, done for real, while vime/Tools-v0 episodes run through the Collector:
+a sandbox container SIGKILLed during an exec, and the docker daemon restarted mid-step.
+
+The affected episodes must end ``error`` with a reason naming the sandbox (no hang, no
+crash of the collection), the other episodes complete, no container is left behind
+(checked with the Docker SDK), and after the daemon is back new episodes work again. The
+restart uses a second dockerd of the project's own (scripts/dockerd.sh with its own
+VIME_RUN_DIR), never the shared one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _faults import wait_for
+from _sandbox_episodes import collect, labelled, running
+
+from vime.sandbox import SandboxConfig, base_image_tag, build_base_image, distribute_image
+from vime.sandbox.client import docker_client
+from vime.types import Episode, EpisodeStatus
+
+pytestmark = pytest.mark.docker
+ROOT = Path(__file__).resolve().parents[2]
+
+# The victims run `sleep 61` (found with `docker top`); the others a short computation.
+SCRIPT: dict[str, str | None] = {
+    "victim": "import subprocess\nsubprocess.run(['sleep', '61'])\n",
+    "quick": "print(6 * 7)\n",
+    "slow": "import time\ntime.sleep(3)\nprint('done')\n",
+    "nosandbox": None,  # submits at once: never creates a sandbox
+}
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _sandbox(tag: str, host: str) -> SandboxConfig:
+    return SandboxConfig(
+        image=base_image_tag(),
+        memory="128m",
+        timeout=90.0,
+        docker_hosts=[host],
+        labels={"vime.test": tag},
+        run_id=f"pytest-faults-{tag}",
+    )
+
+
+def _in_background(fn: Any) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    thread.start()
+    return thread, out
+
+
+def _by_key(episodes: list[Episode]) -> dict[str, Episode]:
+    return {ep.task_id: ep for ep in episodes}
+
+
+def _check_others_completed(episodes: dict[str, Episode], keys: list[str]) -> None:
+    for key in keys:
+        ep = episodes[key]
+        assert (ep.status, ep.reward) == (EpisodeStatus.COMPLETED, 1.0), (key, ep.reason)
+
+
+def test_container_killed_during_an_exec_ends_only_its_episode(docker_host, tok):
+    build_base_image(host=docker_host, log=lambda msg: None)  # a no-op once it exists
+    tag = uuid.uuid4().hex[:12]
+    keys = ["victim", "slow", "quick", "nosandbox"]
+    thread, out = _in_background(lambda: collect(tok, SCRIPT, _sandbox(tag, docker_host), keys))
+    victim = wait_for("the victim's sleep", lambda: running(docker_host, tag, "sleep 61"), 60)
+    docker_client(docker_host).api.kill(victim[0])  # SIGKILL, from outside, mid-exec
+    thread.join(60)
+    assert not thread.is_alive(), "the collection hung after the container was killed"
+    episodes = _by_key(out[0])
+    ep = episodes["victim"]
+    assert ep.status is EpisodeStatus.ERROR and ep.reward == 0.0
+    assert "SandboxError" in ep.reason and "killed from outside" in ep.reason, ep.reason
+    _check_others_completed(episodes, ["slow", "quick", "nosandbox"])
+    assert labelled(docker_host, tag) == []
+
+
+@pytest.fixture(scope="module")
+def second_dockerd(docker_host, tmp_path_factory):
+    """A second dockerd of the project's own, with the base image; yields (host, restart)."""
+    run_dir = tmp_path_factory.mktemp("dockerd2")
+    env = {
+        **os.environ,
+        "VIME_RUN_DIR": str(run_dir),
+        "VIME_DOCKERD_ARGS": "--bridge=none --iptables=false",  # leave the main one's alone
+    }
+    script = ["bash", str(ROOT / "scripts" / "dockerd.sh")]
+
+    def start() -> str:
+        done = subprocess.run([*script, "start"], env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().splitlines()[-1]
+
+    def restart() -> None:
+        subprocess.run([*script, "stop"], env=env, check=True)
+        assert start() == host
+
+    host = start()
+    try:
+        base = build_base_image(host=docker_host, log=lambda msg: None)
+        distribute_image(base, [docker_host, host])  # docker save | load, no registry
+        yield host, restart
+    finally:
+        subprocess.run([*script, "stop"], env=env, check=False)
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def test_dockerd_restarted_mid_step(second_dockerd, tok):
+    host, restart = second_dockerd
+    tag = uuid.uuid4().hex[:12]
+    cfg = _sandbox(tag, host)
+    keys = ["victim", "victim2", "quick", "nosandbox"]
+    script = {**SCRIPT, "victim2": SCRIPT["victim"]}
+    thread, out = _in_background(lambda: collect(tok, script, cfg, keys))
+    wait_for("both victims' sleeps", lambda: len(running(host, tag, "sleep 61")) == 2, 60)
+    restart()  # SIGTERM to dockerd (it stops its containers), then a fresh start
+    thread.join(60)
+    assert not thread.is_alive(), "the collection hung across the daemon restart"
+    episodes = _by_key(out[0])
+    for key in ("victim", "victim2"):
+        ep = episodes[key]
+        assert ep.status is EpisodeStatus.ERROR and "SandboxError" in ep.reason, ep.reason
+        assert "docker host restarted" in ep.reason or "is dockerd running" in ep.reason
+    _check_others_completed(episodes, ["quick", "nosandbox"])
+    # The daemon auto-removed the stopped containers (or vime's retry did): none is left.
+    wait_for("no container left", lambda: labelled(host, tag) == [], 30, every_s=0.5)
+    # New episodes work on the restarted daemon, and leave nothing behind either.
+    again = _by_key(collect(tok, script, cfg, ["quick", "slow"]))
+    _check_others_completed(again, ["quick", "slow"])
+    assert labelled(host, tag) == []
