@@ -102,17 +102,15 @@ def load_task_file(path: str | Path) -> list[dict[str, Any]]:
     Example (skipped in doctests: it needs a task file on disk):
         >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
     """
-    import json
-
+    from vime.envs.tasks import read_records
     from vime.errors import DataError
 
     records = []
-    for lineno, line in enumerate(Path(path).read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                records.append(SWETask.from_record(json.loads(line)).to_record())
-            except (json.JSONDecodeError, DataError, TypeError) as err:
-                raise DataError(f"{path}:{lineno}: {err}") from err
+    for line, record in read_records(path):
+        try:
+            records.append(SWETask.from_record(record).to_record())
+        except DataError as err:
+            raise DataError(f"{path}: line {line}: {err}") from None
     return records
 
 

@@ -24,12 +24,43 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from vime.envs.tasks import read_records
 from vime.errors import DataError
 
 # Paths an agent's diff may not touch: the tests the grader adds or runs.
 DEFAULT_PROTECTED = ("tests/*", "test/*", "*/tests/*", "test_*.py", "*_test.py", "conftest.py")
 
 RUNNERS = ("unittest", "pytest")
+
+
+def _is_str(value: Any) -> bool:
+    return isinstance(value, str)
+
+
+def _is_str_list(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _is_file_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str | bytes) for k, v in value.items()
+    )
+
+
+def _is_solution(value: Any) -> bool:
+    return isinstance(value, list) and all(_is_str_list(s) and len(s) == 3 for s in value)
+
+
+# What each SWETask field holds (every other field is a string), checked on creation so
+# that a bad record fails when it is loaded, naming the field, not deep inside an episode.
+_FIELD_KINDS = {
+    "fail_to_pass": ("a list of test ids (strings)", _is_str_list),
+    "pass_to_pass": ("a list of test ids (strings)", _is_str_list),
+    "protected": ("a list of path patterns (strings)", _is_str_list),
+    "files": ("an object of path -> file text", _is_file_map),
+    "hidden_tests": ("an object of path -> file text", _is_file_map),
+    "solution": ("a list of [path, old, new] string triples", _is_solution),
+}
 
 
 @dataclass
@@ -66,7 +97,12 @@ class SWETask:
     gold_patch: str = ""
 
     def __post_init__(self) -> None:
-        where = f"SWE task {self.id!r}"
+        where = f"SWE task {str(self.id)[:60]!r}"
+        for name in self.__dataclass_fields__:
+            want = _FIELD_KINDS.get(name, ("a string", _is_str))
+            if not want[1](getattr(self, name)):
+                got = type(getattr(self, name)).__name__
+                raise DataError(f"{where}: field {name!r} must be {want[0]}, got {got}")
         if not self.id:
             raise DataError("SWE task: 'id' is empty; give every task a unique id")
         if not self.fail_to_pass:
@@ -83,9 +119,6 @@ class SWETask:
             )
         if not self.repo_dir.startswith("/"):
             raise DataError(f"{where}: 'repo_dir' must be an absolute path, got {self.repo_dir!r}")
-        for sol in self.solution:
-            if len(sol) != 3:
-                raise DataError(f"{where}: each 'solution' entry is [path, old, new], got {sol!r}")
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> SWETask:
@@ -102,7 +135,7 @@ class SWETask:
         kwargs = {k: v for k, v in record.items() if k in known}
         missing = [k for k in ("id", "problem_statement", "fail_to_pass") if k not in kwargs]
         if missing:
-            raise DataError(f"SWE task record {record.get('id', '?')!r} lacks {missing}")
+            raise DataError(f"SWE task record {str(record.get('id', '?'))[:60]!r} lacks {missing}")
         return cls(**kwargs)
 
     def to_record(self) -> dict[str, Any]:
@@ -165,6 +198,9 @@ def _patched_files(patch: str) -> list[str]:
     return files
 
 
+_SWEBENCH_OPTIONAL_TEXT = ("patch", "image", "image_name", "repo_path", "test_cmd")
+
+
 def swebench_record(
     record: dict[str, Any],
     *,
@@ -186,10 +222,16 @@ def swebench_record(
         >>> swebench_record(rec)["test_cmd"]
         'pytest -rA --tb=no -p no:cacheprovider tests/test_x.py'
     """
-    where = f"SWE-bench record {record.get('instance_id', '?')!r}"
+    if not isinstance(record, dict):
+        raise DataError(f"a SWE-bench record must be an object, got {type(record).__name__}")
+    where = f"SWE-bench record {str(record.get('instance_id', '?'))[:60]!r}"
     for key in ("instance_id", "problem_statement", "test_patch", "FAIL_TO_PASS"):
         if key not in record:
             raise DataError(f"{where}: missing field {key!r}")
+    for key in ("instance_id", "problem_statement", "test_patch", *_SWEBENCH_OPTIONAL_TEXT):
+        if key in record and not isinstance(record[key], str):
+            got = type(record[key]).__name__
+            raise DataError(f"{where}: field {key!r} must be a string, got {got}")
     test_files = _patched_files(record["test_patch"])
     image = record.get("image") or record.get("image_name") or ""
     if not image and not record.get("repo_path"):
@@ -216,6 +258,9 @@ def swebench_record(
 def load_swebench(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
     """Load SWE-bench-style records from a ``.jsonl`` or ``.json`` file as vime SWE tasks.
 
+    A ``.json`` file holds a list of records, one record, or JSON lines. A bad record
+    raises :class:`DataError` naming the file, its line and the field.
+
     Keyword arguments go to :func:`swebench_record` (``image_template``, ``repo_dir``...).
 
     Example:
@@ -228,19 +273,10 @@ def load_swebench(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
         ...     [(t["id"], t["image"]) for t in load_swebench(path)]
         [('a__b-1', 'sweb.eval.x86_64.a__b-1:latest')]
     """
-    path = Path(path)
-    if not path.exists():
-        raise DataError(f"SWE-bench file {str(path)!r} does not exist")
-    text = path.read_text()
-    records: list[Any]
-    if path.suffix == ".json":
-        records = json.loads(text)
-    else:
-        records = []
-        for lineno, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{path}:{lineno}: not JSON: {err}") from err
-    return [swebench_record(r, **kwargs) for r in records]
+    tasks = []
+    for line, record in read_records(path):
+        try:
+            tasks.append(swebench_record(record, **kwargs))
+        except DataError as err:
+            raise DataError(f"{path}: line {line}: {err}") from None
+    return tasks

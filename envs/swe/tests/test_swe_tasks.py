@@ -129,5 +129,5 @@ def test_env_draws_from_a_task_file(tmp_path):
     assert info["task_id"] in {t["id"] for t in TASKS[:3]}
     assert env.reset(seed=1)[1] == info  # the same seed draws the same task
     path.write_text('{"id": "x"}\n')
-    with pytest.raises(DataError, match=r"tasks\.jsonl:1"):
+    with pytest.raises(DataError, match=r"tasks\.jsonl: line 1: "):
         load_task_file(path)

@@ -26,6 +26,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from vime.envs.tasks import load_tasks as load_task_records
 from vime.errors import DataError
 
 DATA = Path(__file__).resolve().parent / "data" / "tasks.jsonl"
@@ -114,29 +115,23 @@ def generate_tasks(per_family: int = 8, seed: int = 0) -> list[dict[str, Any]]:
 def load_tasks(path: str | Path | None = None) -> list[dict[str, Any]]:
     """Read tasks from a jsonl file (default: the bundled ``data/tasks.jsonl``).
 
-    Each line needs ``id``, ``question`` and ``answer``; ``files`` is optional.
+    Each line needs ``id``, ``question`` and ``answer``; ``files`` (path → text) is
+    optional. A bad record raises :class:`DataError` naming the file, line and field.
 
     Example:
         >>> load_tasks()[0]["id"]
         'tools-mul-00'
     """
-    path = Path(path) if path else DATA
-    if not path.exists():
-        raise DataError(f"tools tasks file {str(path)!r} does not exist")
-    tasks = []
-    for lineno, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise DataError(f"{path}:{lineno}: not JSON: {err}") from err
-        for key in ("id", "question", "answer"):
-            if key not in record:
-                raise DataError(f"{path}:{lineno}: task lacks the field {key!r}")
-        record.setdefault("files", {})
-        tasks.append(record)
-    return tasks
+    return load_task_records(
+        path or DATA, required=("id", "question", "answer"), transform=_with_files
+    )
+
+
+def _with_files(task: dict[str, Any]) -> dict[str, Any]:
+    files = task.setdefault("files", {})
+    if not isinstance(files, dict) or not all(isinstance(v, str) for v in files.values()):
+        raise DataError("field 'files' must be an object of path -> text")
+    return task
 
 
 def _number(text: str) -> Fraction | None:
