@@ -11,6 +11,7 @@ import pytest
 
 from vime.errors import SandboxError
 from vime.sandbox import ImagePools, SandboxPool, build_layered_image
+from vime.sandbox.pool import PROBE_AFTER_S
 
 pytestmark = pytest.mark.docker
 
@@ -54,6 +55,22 @@ def test_pool_replaces_dead_sandbox(sandbox_config):
         pool.release(fresh)
         stats = pool.stats()
         assert stats["discarded"] == 1 and stats["created"] == 2
+
+
+def test_pool_replaces_an_idle_sandbox_whose_container_died(sandbox_config):
+    # Killed while idle (as a daemon restart does to every idle container): the next
+    # acquire probes it, finds it gone and hands out a fresh one instead of failing.
+    with SandboxPool(sandbox_config(), size=1) as pool:
+        sb = pool.acquire(timeout=60)
+        pool.release(sb)
+        pool.wait_ready(60)
+        sb._api.kill(sb.id)
+        time.sleep(PROBE_AFTER_S)
+        fresh = pool.acquire(timeout=60)
+        assert fresh is not sb and not sb.alive
+        assert fresh.exec("echo ok", timeout=10).stdout == "ok\n"
+        pool.release(fresh)
+        assert pool.stats()["discarded"] == 1
 
 
 def test_pool_threads_and_two_hosts(sandbox_config, docker_host, tmp_path):
