@@ -368,9 +368,11 @@ def _checkpoint(run: RunDir, trainer: TrainerGroup, tasks: TaskSource, step: int
         pause_point("checkpoint", step)  # fault tests: SIGKILL mid-checkpoint
         write_state(partial, {"step": step, "tasks": tasks.state_dict(), "weight_version": step})
         publish(partial, folder)
-    except Exception as err:
-        shutil.rmtree(partial, ignore_errors=True)  # gives the space back
-        if is_disk_full(err):
+    except BaseException as err:  # Megatron's CheckpointException is a BaseException
+        # Checked before the partial checkpoint gives its space back.
+        full = not isinstance(err, KeyboardInterrupt) and is_disk_full(err, partial)
+        shutil.rmtree(partial, ignore_errors=True)
+        if full:
             raise DiskFullError(partial, f"checkpoint of step {step}", resume=run.root) from err
         raise
 

@@ -163,8 +163,9 @@ class DiskWeightSync:
         try:
             self.exporter.export_hf(partial)
         except Exception as err:
-            shutil.rmtree(partial, ignore_errors=True)  # gives the space back
-            if is_disk_full(err):
+            full = is_disk_full(err, partial)  # before the partial one gives its space back
+            shutil.rmtree(partial, ignore_errors=True)
+            if full:
                 raise DiskFullError(partial, f"weight export v{version}") from err
             raise
         pause_point("sync", version)  # fault tests: SIGKILL mid-sync (exported, not loaded)
