@@ -41,11 +41,13 @@ def invalid_utf8_text(draw: st.DrawFn) -> str:
     )
 
 
-hostile_text = st.one_of(
-    nasty_text,
-    invalid_utf8_text(),
-    st.integers(10_000, 300_000).map(lambda n: "A" * n),  # huge
-)
+def hostile(max_huge: int = 300_000) -> st.SearchStrategy[str]:
+    """Nasty, mis-decoded or huge text (huge: up to ``max_huge`` characters)."""
+    huge = st.integers(10_000, max_huge).map(lambda n: "A" * n)
+    return st.one_of(nasty_text, invalid_utf8_text(), huge)
+
+
+hostile_text = hostile()
 
 json_scalars = st.one_of(
     st.none(),

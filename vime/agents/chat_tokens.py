@@ -58,6 +58,7 @@ not how the tokenizer would encode it, and the tokens keep that spelling):
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from vime.errors import TemplateError
@@ -69,6 +70,7 @@ TEMPLATE_MISMATCH_MODES = ("keep_history", "restart_context", "error")
 
 # Content of the fixed base conversation used after a mismatch; unlikely to occur in glue.
 _MARK = "\u2063vime\u2063"
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class ChatTokens:
@@ -169,7 +171,9 @@ class ChatTokens:
             ) from err
         if not isinstance(text, str):
             raise TemplateError(f"env {self.env_id!r}: apply_chat_template did not return text")
-        return text
+        # A lone surrogate (an env's bytes decoded with surrogateescape) is no UTF-8 and
+        # the tokenizer refuses it; every render maps it the same way, so prefixes hold.
+        return _SURROGATE.sub("\ufffd", text)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` without added BOS/EOS (the template writes those itself)."""
