@@ -7,6 +7,13 @@ checkpointing, so its logits are recomputed in the backward pass instead of bein
 (``recompute=False`` keeps them: faster where memory allows). The entropy is a metric
 unless the loss has an entropy term: then it is computed without a graph of its own.
 
+The gradient is written by hand (:class:`_FusedLogprob`): ``d logp / d logit_v =
+(onehot_v − p_v) / T``, computed in place on the saved probabilities, so the backward pass
+is one pass over the ``chunk × V`` block and two matmuls, where autograd walked every
+fp32 operation of the forward pass again (~10% of a 1.8B model's step on an H200). The
+plain autograd version (:func:`_chunk`) stays for the entropy bonus, whose gradient the
+fused backward does not include.
+
 Under tensor parallelism each rank holds a ``vocab / tp`` slice of ``W``; the log-softmax
 is assembled from per-rank pieces (max, sum of exponentials, target logit, Σ p·logit) with
 one all-reduce each, never gathering the vocabulary.
@@ -26,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -68,6 +76,7 @@ def _chunk(
     tp: int,
     tp_rank: int,
     with_entropy: bool,
+    *,
     entropy_grad: bool,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = hidden @ weight.t()
@@ -102,6 +111,75 @@ def _chunk(
         weighted = _sum_over_tp((exp * shifted).sum(dim=-1), group, tp)
         entropy = log_z - weighted / sum_exp
     return logprob, entropy
+
+
+def _mask_padded_vocab(logits: torch.Tensor, start: int, vocab_size: int | None) -> None:
+    """In place: columns of this rank's slice beyond the true vocabulary get _MASKED_LOGIT."""
+    if vocab_size is not None and start + logits.shape[-1] > vocab_size:
+        logits[:, max(vocab_size - start, 0) :] = _MASKED_LOGIT
+
+
+class _FusedLogprob(torch.autograd.Function):
+    """One chunk's log-probs (and entropy, as a metric) with a hand-written backward.
+
+    Forward works in place on one fp32 logits block; it keeps the probabilities ``p``
+    (``chunk × V_local`` fp32) for the backward pass, which turns them into the logits'
+    gradient in place. Under TP every reduction spans the ranks' vocab slices, as in
+    :func:`_chunk`; the caller sums the hidden states' gradient over the ranks.
+    """
+
+    @staticmethod
+    def forward(
+        ctx, hidden, weight, targets, temperature, vocab_size, group, tp, tp_rank, with_entropy
+    ):  # type: ignore[override]
+        logits = hidden @ weight.t()
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+        if temperature != 1.0:
+            logits.div_(temperature)
+        local_vocab = logits.shape[-1]
+        start = tp_rank * local_vocab
+        _mask_padded_vocab(logits, start, vocab_size)
+        row_max = logits.max(dim=-1).values
+        if tp > 1:
+            dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
+        shifted = logits.sub_(row_max[:, None])
+        in_slice = (targets >= start) & (targets < start + local_vocab)
+        local_idx = (targets - start).clamp(0, local_vocab - 1)
+        target_logit = shifted.gather(1, local_idx[:, None])[:, 0] * in_slice
+        probs = shifted.exp()
+        sums = [target_logit, probs.sum(dim=-1)]
+        if with_entropy:
+            # Σ_v exp_v · shifted_v as a batched dot product: no third V-wide block.
+            sums.append(torch.bmm(probs[:, None, :], shifted[:, :, None])[:, 0, 0])
+        stacked = torch.stack(sums)
+        if tp > 1:
+            dist.all_reduce(stacked, group=group)
+        del shifted, logits
+        log_z = stacked[1].log()
+        logprob = stacked[0] - log_z
+        entropy = log_z - stacked[2] / stacked[1] if with_entropy else torch.zeros_like(logprob)
+        probs.div_(stacked[1][:, None])
+        ctx.save_for_backward(hidden, weight, probs, local_idx, in_slice)
+        ctx.temperature = temperature
+        ctx.mark_non_differentiable(entropy)
+        return logprob, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprob, grad_entropy):  # type: ignore[override]
+        hidden, weight, probs, local_idx, in_slice = ctx.saved_tensors
+        g = grad_logprob.to(probs.dtype) / ctx.temperature
+        # (onehot − p) · g, in place: the saved probabilities are not needed again (the
+        # graph is never run backward twice).
+        grad_logits = probs.mul_(-g[:, None])
+        grad_logits.scatter_add_(1, local_idx[:, None], (g * in_slice)[:, None])
+        grad_logits = grad_logits.to(hidden.dtype)
+        grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None
+        grad_weight = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+
+
+def _fused_chunk(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    return _FusedLogprob.apply(*args)
 
 
 def token_logprobs(
@@ -160,12 +238,15 @@ def token_logprobs(
             tp,
             tp_rank,
             with_entropy,
-            entropy_grad,
         )
-        if needs_grad and recompute:
-            lp, ent = checkpoint(_chunk, *args, use_reentrant=False)
+        if entropy_grad and with_entropy and needs_grad:
+            fn: Any = partial(_chunk, entropy_grad=True)
         else:
-            lp, ent = _chunk(*args)
+            fn = _fused_chunk
+        if needs_grad and recompute:
+            lp, ent = checkpoint(fn, *args, use_reentrant=False)
+        else:
+            lp, ent = fn(*args)
         logprobs.append(lp)
         entropies.append(ent)
     if not logprobs:
