@@ -85,7 +85,7 @@ def _parse_value(text: str) -> Any:
 
     try:
         return yaml.safe_load(text) if text != "" else ""
-    except yaml.YAMLError:
+    except (yaml.YAMLError, ValueError):  # ValueError: an integer of over 4300 digits
         return text
 
 
@@ -97,14 +97,14 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
     if isinstance(current, bool):
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{key}: expected true/false, got {value!r}", key=key)
+        raise ConfigError(f"{key}: expected true/false, got {_short(value)}", key=key)
     if (
         isinstance(current, int | float)
         and isinstance(value, int | float)
         and not isinstance(value, bool)
     ):
         if target is int and isinstance(value, float) and not value.is_integer():
-            raise ConfigError(f"{key}: expected an integer, got {value!r}", key=key)
+            raise ConfigError(f"{key}: expected an integer, got {_short(value)}", key=key)
         return target(value)
     if isinstance(current, str):
         return str(value)
@@ -115,8 +115,14 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
     if isinstance(value, target):
         return value
     raise ConfigError(
-        f"{key}: expected {target.__name__}, got {value!r} ({type(value).__name__})", key=key
+        f"{key}: expected {target.__name__}, got {_short(value)} ({type(value).__name__})", key=key
     )
+
+
+def _short(value: Any) -> str:
+    """``repr(value)``, cut to a length an error message can carry."""
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
@@ -135,14 +141,44 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
     """
     updates: dict[str, Any] = {}
     for item in overrides:
-        if "=" not in item:
+        if not item.partition("=")[0].strip() or "=" not in item:
             raise ConfigError(
-                f"override {item!r} is not of the form key=value (example: trainer.lr=1e-5)",
+                f"override {_short(item)} is not of the form key=value (example: trainer.lr=1e-5)",
                 key=item,
             )
         key, _, raw = item.partition("=")
+        if "" in key.strip().split("."):  # "steps." would silently set "steps"
+            raise ConfigError(
+                f"override key {_short(key.strip())} has an empty part; write dotted names "
+                "like trainer.loss.eps_high",
+                key=key.strip(),
+            )
         updates[key.strip()] = _parse_value(raw.strip())
-    return _apply(cfg, updates, prefix="")
+    try:
+        return _apply(cfg, updates, prefix="")
+    except ConfigError as err:
+        raise _naming_override(err, list(updates)) from err
+
+
+def _naming_override(err: ConfigError, keys: list[str]) -> ConfigError:
+    """``err`` naming the full dotted key of the override it is about.
+
+    A nested config's own check names its key relative to itself (``loss.policy_loss``
+    inside ``trainer``) or not at all (a ``ValueError`` from ``__post_init__``).
+
+    Example:
+        >>> str(_naming_override(ConfigError("loss.x: bad", key="loss.x"), ["trainer.loss.x"]))
+        'trainer.loss.x: bad'
+    """
+    if err.key in keys:
+        return err
+    if err.key is not None:
+        match = [k for k in keys if k.endswith(f".{err.key}")]
+        if len(match) != 1:
+            return err  # a check across keys names its own (full) keys
+        message = str(err).removeprefix(f"{err.key}: ")
+        return ConfigError(f"{match[0]}: {message}", key=match[0])
+    return ConfigError(f"{', '.join(keys)}: {err}", key=keys[0] if len(keys) == 1 else None)
 
 
 def _apply(cfg: Any, updates: dict[str, Any], prefix: str) -> Any:
@@ -172,8 +208,8 @@ def _apply(cfg: Any, updates: dict[str, Any], prefix: str) -> Any:
         return dataclasses.replace(cfg, **direct)
     except ConfigError:
         raise
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"{prefix or 'config'}: {err}") from err
+    except (TypeError, ValueError) as err:  # apply_overrides names the keys
+        raise ConfigError(str(err)) from err
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:

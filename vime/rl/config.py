@@ -449,6 +449,7 @@ def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
     m = re.search(r"Could not override '([^']+)'", text) or re.search(r"override ([\w.]+)=", text)
     if m:
         key = m.group(1)
+    key = key or _full_key(err)  # OmegaConf errors (bad interpolation, ???) carry the key
     m_group = re.search(r"Could not find '(\w+)/(\w+)'", text)
     if m_group:
         group, option = m_group.groups()
@@ -458,18 +459,44 @@ def _friendly(err: Exception, overrides: list[str]) -> ConfigError:
         return ConfigError(
             f"{group}={option}: no such option; choose one of {sorted(options)}", key=group
         )
-    if key is None:
-        return ConfigError(f"bad config: {text.splitlines()[0]}")
+    malformed = [o for o in overrides if not o.partition("=")[0].strip() or "=" not in o]
+    if key is None and malformed and not malformed[0].startswith("~"):  # ~key deletes a key
+        return ConfigError(
+            f"override {_clip(repr(malformed[0]))} is not of the form key=value "
+            "(example: trainer.lr=1e-5)"
+        )
+    if key is None:  # name what was overridden (the message is about one of those)
+        named = [o.partition("=")[0] for o in overrides if "=" in o][:3]
+        where = ", ".join(named) if named else "bad config"
+        return ConfigError(
+            f"{where}: {_clip(text.splitlines()[0])}", key=named[0] if named else None
+        )
     close = difflib.get_close_matches(key, valid, n=3, cutoff=0.5)
     if key in valid:
         detail = str(cause).splitlines()[0] if cause is not err else text.splitlines()[-1]
-        return ConfigError(f"{key}: bad value ({detail})", key=key)
+        return ConfigError(f"{key}: bad value ({_clip(detail)})", key=key)
     hint = (
         f"; did you mean {', '.join(close)}?"
         if close
         else "; run `vime-agent train --help` for the keys"
     )
     return ConfigError(f"unknown config key {key!r}{hint}", key=key)
+
+
+def _full_key(err: BaseException) -> str | None:
+    """The ``full_key`` an OmegaConf error along ``err``'s chain names, if any."""
+    seen: BaseException | None = err
+    while seen is not None:
+        key = getattr(seen, "full_key", None)
+        if isinstance(key, str) and key:
+            return key
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _clip(text: str) -> str:
+    """A message line cut to what an error can carry (an override may be huge)."""
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def describe() -> str:
