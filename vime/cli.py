@@ -24,7 +24,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "vime.rl.loop:main",
         "run RL training: vime-agent train env=math|tools|swe [key=value ...]",
     ),
-    "eval": ("vime.rl.evaluate:main", "evaluate a checkpoint on an env suite"),
+    "eval": (
+        "vime.rl.evaluate:main",
+        "evaluate a checkpoint on a suite: vime-agent eval ckpt=CKPT|RUN|URL suite=math|FILE.yaml "
+        "(eval compare A B ...: reports side by side)",
+    ),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
     "serve": (
         "vime.engine.cli:main",

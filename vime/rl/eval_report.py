@@ -206,10 +206,18 @@ def read_report(path: str | Path) -> dict[str, Any]:
     return report
 
 
+COUNTS = ("tasks", "episodes", "passed", "tokens", "total_tokens")
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.3f}"
     return str(value)
+
+
+def _cells(agg: dict[str, Any], columns: tuple[str, ...] | list[str]) -> list[Any]:
+    """An aggregate's cells: counts as integers, the rest as they are ('-' when absent)."""
+    return [int(agg[c]) if c in COUNTS and c in agg else agg.get(c, "-") for c in columns]
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
@@ -231,17 +239,16 @@ def report_markdown(report: dict[str, Any]) -> str:
     agg = report["aggregate"]
     ks = [k for k in agg if k.startswith("pass@")]
     lines = [f"# Eval: suite `{report.get('suite', '?')}`", ""]
-    for key in ("checkpoint", "engine", "seed", "created"):
+    for key in ("checkpoint", "step", "engine", "seed", "created"):
         if report.get(key) is not None:
             lines.append(f"- {key}: `{report[key]}`")
     lines += ["", "## Aggregates", ""]
     header = ["set", "env", *ks, *AGG_COLUMNS]
     table = [
-        [s["name"], s.get("env", ""), *(s["aggregate"].get(k, "-") for k in ks)]
-        + [s["aggregate"][c] for c in AGG_COLUMNS]
+        [s["name"], s.get("env", ""), *_cells(s["aggregate"], [*ks, *AGG_COLUMNS])]
         for s in report["sets"]
     ]
-    table.append(["**all**", "", *(agg[k] for k in ks), *(agg[c] for c in AGG_COLUMNS)])
+    table.append(["**all**", "", *_cells(agg, [*ks, *AGG_COLUMNS])])
     lines += _table(header, table)
     row_ks = sorted(
         {k for r in report["rows"] for k in r if k.startswith("pass@")},
@@ -327,7 +334,7 @@ def compare_markdown(comparison: dict[str, Any]) -> str:
     scopes = [("**all**", comparison["overall"]), *comparison["sets"].items()]
     for name, aggs in scopes:
         for label, agg in zip(labels, aggs, strict=True):
-            rows.append([name, label, *((agg or {}).get(k, "-") for k in keys)])
+            rows.append([name, label, *_cells(agg or {}, keys)])
     lines += ["## Aggregates", "", *_table(["set", "report", *keys], rows)]
     others = labels[1:]
     header = ["set", "task", *(f"pass@1 {x}" for x in labels), *(f"Δ {x}" for x in others)]

@@ -358,6 +358,11 @@ def _int(keys: dict[str, str], key: str) -> int | None:
         raise ConfigError(f"{key}: expected an integer, got {keys[key]!r}", key=key) from None
 
 
+@dataclass
+class _Engine:
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+
+
 def _engine_config(engine_args: list[str], suite: Suite, ckpt: Checkpoint) -> EngineConfig:
     """The launched engine's settings: ``engine.*`` overrides, and a context window that
     fits the suite's longest ``max_model_len`` unless ``engine.max_model_len`` is given."""
@@ -367,7 +372,14 @@ def _engine_config(engine_args: list[str], suite: Suite, ckpt: Checkpoint) -> En
             f"{ckpt.url}",
             key="engine",
         )
-    cfg = apply_overrides(EngineConfig(), engine_args)
+    if any(a.startswith("url=") for a in engine_args):
+        raise ConfigError(
+            "engine.url: to evaluate a running engine give ckpt=URL (it serves its own weights, "
+            "not those of a folder)",
+            key="engine.url",
+        )
+    # Through a holder, so that errors name the full key (engine.dtype) and its neighbours.
+    cfg = apply_overrides(_Engine(), [f"engine.{a}" for a in engine_args]).engine
     if not any(a.startswith("max_model_len=") for a in engine_args):
         longest = max(s.collector.max_model_len for s in suite.sets)
         cfg = dataclasses.replace(cfg, max_model_len=max(cfg.max_model_len, longest))
