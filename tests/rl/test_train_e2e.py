@@ -197,15 +197,3 @@ def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, t
     assert (last["step"], last["weight_version"]) == (2, 2)
     # The engine got the resumed trainer's weights: their log-probs agree again.
     assert last["train/train_rollout_logprob_abs_diff"] < 1e-5
-
-
-def test_eval_command_on_a_checkpoint(shared_engine, tiny_model_dir, tmp_path):
-    """``vime-agent eval`` through the same collector, attached to the shared engine."""
-    from vime.rl.evaluate import main
-
-    out = tmp_path / "eval.json"
-    args = [f"model.path={tiny_model_dir}", f"engine.url={shared_engine.url}", f"out={out}"]
-    assert main([*args, "env.eval_size=4"]) == 0
-    report = json.loads(out.read_text())
-    assert report["eval/episodes"] == 4.0 and report["env"] == "vime/Math-v0"
-    assert len(out.with_suffix(".jsonl").read_text().splitlines()) == 4
