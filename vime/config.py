@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 from collections.abc import Iterable, Sequence
@@ -79,8 +80,14 @@ def field_names(cfg: Any, prefix: str = "") -> list[str]:
     return names
 
 
-def _parse_value(text: str) -> Any:
-    """Parse a command-line value the way YAML would (numbers, bools, null, lists)."""
+def parse_value(text: str) -> Any:
+    """Parse a command-line value the way YAML would (numbers, bools, null, lists);
+    text that is not YAML stays text.
+
+    Example:
+        >>> parse_value("[1, 2]"), parse_value("0.5"), parse_value("[oops")
+        ([1, 2], 0.5, '[oops')
+    """
     import yaml
 
     try:
@@ -98,6 +105,9 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
         if isinstance(value, bool):
             return value
         raise ConfigError(f"{key}: expected true/false, got {_short(value)}", key=key)
+    if isinstance(current, int | float) and isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            value = float(value)  # YAML 1.1 reads 1e-5 (no dot) as text
     if (
         isinstance(current, int | float)
         and isinstance(value, int | float)
@@ -153,7 +163,7 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
                 "like trainer.loss.eps_high",
                 key=key.strip(),
             )
-        updates[key.strip()] = _parse_value(raw.strip())
+        updates[key.strip()] = parse_value(raw.strip())
     try:
         return _apply(cfg, updates, prefix="")
     except ConfigError as err:

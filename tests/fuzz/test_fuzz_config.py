@@ -73,3 +73,13 @@ def test_load_config_gives_a_config_or_a_config_error(items: list[str]) -> None:
         check_error(err, items, TRAIN_KEYS)
     else:
         assert isinstance(cfg, TrainConfig)
+
+
+def test_exponent_floats_are_numbers() -> None:
+    """YAML 1.1 reads 1e-5 as text; the override our own errors suggest must still work."""
+    assert apply_overrides(TrainConfig(), ["trainer.lr=1e-5"]).trainer.lr == 1e-5
+    assert (
+        apply_overrides(EngineConfig(), ["gpu_memory_utilization=5e-1"]).gpu_memory_utilization
+        == 0.5
+    )
+    assert apply_overrides(TrainConfig(), ["steps=1e2"]).steps == 100

@@ -260,6 +260,8 @@ def run_checks(
             results.append(CheckResult(check.__name__, False, str(err)))
             if check is check_is_vime_env:
                 break  # nothing else can be checked meaningfully
+        except Exception as err:  # the env's values broke the check itself (copy, ==)
+            results.append(CheckResult(check.__name__, False, _unusable(err)))
         else:
             results.append(CheckResult(check.__name__, True))
     return results
@@ -312,6 +314,15 @@ def _call(fn: Callable[[], Any], method: str, hint: str = "") -> Any:
         raise
     except Exception as err:
         raise EnvCheckError(f"{method}() raised {type(err).__name__}: {err}{hint}") from err
+
+
+def _unusable(err: Exception) -> str:
+    """The failure message when the env's values could not even be checked."""
+    return (
+        f"the env returned values the checker cannot copy or compare ({type(err).__name__}: "
+        f"{str(err)[:200]}); return plain Python values (str, int, float, bool, None, lists "
+        "and dicts of them): no numpy arrays, locks or iterators in messages or info"
+    )
 
 
 def _copy(action: Action) -> Action:

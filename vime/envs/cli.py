@@ -71,14 +71,12 @@ def check_main(argv: list[str]) -> int:
     parser.add_argument("--seed", type=int, default=123)
     parser.add_argument("kwargs", nargs="*", help="env options as key=value (e.g. level=add1)")
     args = parser.parse_intermixed_args(argv)
-    kwargs = _parse_kwargs(args.kwargs)
-    task = None
-    if args.task is not None:
-        try:
-            task = json.loads(args.task)
-        except json.JSONDecodeError as err:
-            print(f"--task is not valid JSON: {err}", file=sys.stderr)
-            return 2
+    try:
+        kwargs = _parse_kwargs(args.kwargs)
+        task = None if args.task is None else _parse_task(args.task)
+    except EnvError as err:
+        print(err, file=sys.stderr)
+        return 2
     try:
         env = make(args.id, **kwargs)
     except EnvError as err:
@@ -100,12 +98,27 @@ def check_main(argv: list[str]) -> int:
 
 
 def _parse_kwargs(items: list[str]) -> dict[str, Any]:
-    import yaml
+    from vime.config import parse_value
 
     out: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep:
-            raise EnvError(f"env option {item!r} is not key=value (example: level=add1)")
-        out[key.removeprefix("env.")] = yaml.safe_load(raw) if raw else ""
+        if not sep or not key:
+            raise EnvError(f"env option {item[:80]!r} is not key=value (example: level=add1)")
+        out[key.removeprefix("env.")] = parse_value(raw)
     return out
+
+
+def _parse_task(text: str) -> dict[str, Any]:
+    """The ``--task`` record: one JSON object, or an EnvError saying what is wrong."""
+    try:
+        task = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise EnvError(f"--task is not valid JSON: {err}") from None
+    except (ValueError, RecursionError) as err:  # 4300+ digit integers, deep nesting
+        raise EnvError(f"--task cannot be read: {type(err).__name__}: {str(err)[:120]}") from None
+    if not isinstance(task, dict):
+        raise EnvError(
+            f'--task must be one JSON object like {{"id": "t1", ...}}, got {type(task).__name__}'
+        )
+    return task
