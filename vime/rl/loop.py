@@ -97,7 +97,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         )
         group = TrainerGroup(trainer, ranks, fleet, reference)
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
-            group.follow()
+            with STOP.following():  # a Ctrl-C: rank 0 saves (collective), then releases it
+                group.follow()
             return TrainResult(run.root, cfg.steps)
         cleanup.callback(group.close)
         console = StepConsole(total=cfg.steps, run_dir=run.root)

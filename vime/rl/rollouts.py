@@ -15,7 +15,11 @@ faults of a long run handled (each fault, and the test that shows it: RELIABILIT
 - **Ctrl-C** (:data:`STOP`, installed by ``vime-agent train``): the first aborts the
   collection in flight; at the next step boundary the last completed step is
   checkpointed (unless it already is) and :class:`KeyboardInterrupt` says where. A
-  second Ctrl-C stops at once.
+  second Ctrl-C stops at once. Under torchrun every rank gets the Ctrl-C (a terminal
+  signals the whole group, and torchrun forwards it once more): the ranks that follow
+  rank 0 keep following (:meth:`StopRequest.following`) until rank 0 has saved (a
+  collective) and releases them, and a Ctrl-C within ``ECHO_S`` of the first is that
+  same Ctrl-C, not a second one.
 
 Example (skipped as a doctest: it needs engines, a trainer and a run folder):
     >>> with Rollouts(cfg, collector, buffer, tasks, policy, sync) as runner:  # doctest: +SKIP
@@ -63,8 +67,11 @@ class StopRequest:
         False
     """
 
+    ECHO_S = 2.0  # a Ctrl-C this soon after the first is the same one, forwarded
+
     def __init__(self) -> None:
         self._event = threading.Event()
+        self._first = 0.0  # when the first Ctrl-C came (time.monotonic)
         self.hooks: list[Callable[[], None]] = []  # called on the first Ctrl-C
 
     @property
@@ -85,13 +92,37 @@ class StopRequest:
             signal.signal(signal.SIGINT, previous)
             self._event.clear()
 
+    @contextlib.contextmanager
+    def following(self) -> Iterator[None]:
+        """(Ranks other than 0.) A Ctrl-C is rank 0's to act on: inside, the first one is
+        only noted, and this rank goes on following rank 0, which saves (a collective)
+        and then releases it. Without this, the follower would stop at once and rank 0's
+        checkpoint would wait for it forever.
+
+        Example:
+            >>> with StopRequest().following():
+            ...     pass
+        """
+
+        def note() -> None:  # the hook makes the first Ctrl-C a request, not a stop
+            pass
+
+        self.hooks.append(note)
+        try:
+            yield
+        finally:
+            self.hooks.remove(note)
+
     def _on_sigint(self, signum: int, frame: object) -> None:
+        if self.requested and time.monotonic() - self._first < self.ECHO_S:
+            return  # the same Ctrl-C, forwarded by torchrun to its ranks
         if self.requested or not self.hooks:
             raise KeyboardInterrupt  # nothing to save yet, or the user insists
         self.request()
 
     def request(self) -> None:
         """Ask the run to stop (what the first Ctrl-C does)."""
+        self._first = time.monotonic()
         self._event.set()
         log.warning(
             "Ctrl-C: stopping; the last completed step is checkpointed first "
