@@ -94,4 +94,7 @@ class TraceConfig:
 
 
 def _installed(package: str) -> bool:
-    return importlib.util.find_spec(package) is not None
+    try:
+        return importlib.util.find_spec(package) is not None
+    except ValueError:  # in sys.modules as None: imports of it are blocked
+        return False

@@ -97,13 +97,14 @@ def _time_split(records: list[dict[str, Any]]) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 2.6 * 2))
+    fig, ax = plt.subplots(figsize=(4, 2.6 * 2))  # as tall as two rows of curves
     bottom = [0.0] * len(rows)
     steps = [r["step"] for r in rows]
     for key in TIME_SPLIT:
         values = [float(r.get(key) or 0.0) for r in rows]
         ax.bar(steps, values, bottom=bottom, label=key.split("/")[1])
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    ax.set_xticks(steps)
     ax.set_xlabel("step")
     ax.set_ylabel("seconds")
     ax.set_title("time split")
@@ -150,7 +151,7 @@ def _episodes(run: Path, steps_shown: int, per_step: int) -> str:
                 f"#{i} {ep.task_id} &middot; {ep.status.value} &middot; reward {ep.reward:g} "
                 f"&middot; {len(ep.turns)} turns &middot; {ep.num_sampled_tokens} sampled tokens"
             )
-            body = episode_html(ep, tokenizer, step, i)
+            body = episode_html(ep, tokenizer, step, i, fold_prompt=True)
             parts.append(
                 f"<details{' open' if i == opened else ''}><summary>{summary}</summary>"
                 f"{body}</details>"

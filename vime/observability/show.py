@@ -53,11 +53,12 @@ table.turns { border-collapse: collapse; } table.turns td, table.turns th { bord
 
 @dataclass
 class Segment:
-    """A run of tokens with the same loss mask; ``tokens`` has (text, log-prob) of each
-    sampled token."""
+    """A run of ``count`` tokens with the same loss mask; ``tokens`` has (text, log-prob)
+    of each sampled token."""
 
     text: str
     sampled: bool
+    count: int
     tokens: list[tuple[str, float]] = field(default_factory=list)
 
 
@@ -75,7 +76,7 @@ def segments(ep: Episode, tokenizer: Any) -> list[Segment]:
             if sampled
             else []
         )
-        out.append(Segment(tokenizer.decode(ids), sampled, per_token))
+        out.append(Segment(tokenizer.decode(ids), sampled, len(ids), per_token))
         start = i
     return out
 
@@ -141,9 +142,15 @@ def render(
 
 
 def episode_html(
-    ep: Episode, tokenizer: Any, step: int = 0, index: int = 0, logprobs: bool = False
+    ep: Episode,
+    tokenizer: Any,
+    step: int = 0,
+    index: int = 0,
+    logprobs: bool = False,
+    fold_prompt: bool = False,
 ) -> str:
-    """The episode as an HTML fragment (styled by :data:`EPISODE_CSS`)."""
+    """The episode as an HTML fragment (styled by :data:`EPISODE_CSS`); ``fold_prompt``
+    folds the opening prompt (system, tools, task) away, one click opens it."""
     facts = "".join(
         f"<tr><td><b>{html.escape(k)}</b></td><td>{html.escape(v)}</td></tr>"
         for k, v in _facts(ep, step, index)
@@ -154,9 +161,12 @@ def episode_html(
         for row in _turn_rows(ep)
     )
     parts = []
-    for seg in segments(ep, tokenizer):
+    for i, seg in enumerate(segments(ep, tokenizer)):
         if not seg.sampled:
-            parts.append(f'<span class="context">{html.escape(seg.text)}</span>')
+            text = f'<span class="context">{html.escape(seg.text)}</span>'
+            if i == 0 and fold_prompt:
+                text = f"<details><summary>prompt ({seg.count} tokens)</summary>{text}</details>"
+            parts.append(text)
             continue
         inner = "".join(
             f'<span title="log-prob {lp:.4f}">{html.escape(tok)}</span>'

@@ -1,0 +1,18 @@
+"""The observability tests share one real training run (``_observed.py`` says which)."""
+
+from __future__ import annotations
+
+import pytest
+from _observed import ObservedRun, observe_a_run
+
+
+@pytest.fixture(scope="session")
+def observed_run(docker_host, vllm_server, tiny_model_dir, tmp_path_factory) -> ObservedRun:
+    """``vime-agent train env=tools`` for 2 steps with every recorder on (once a session);
+    the shared server gets the tiny model's weights (version 0) back afterwards."""
+    from vime.engine import EngineClient
+
+    try:
+        return observe_a_run(tmp_path_factory.mktemp("observed"), vllm_server.url)
+    finally:
+        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
