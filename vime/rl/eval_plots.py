@@ -71,9 +71,9 @@ def plot_report(report: dict[str, Any], out: Path) -> Path:
         )
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
     right.set_xticks(range(len(scopes)), [name for name, _ in scopes], rotation=20)
-    right.set_ylim(0, 1.05)
+    right.set_ylim(0, 1.3)  # room for the legend above the bars
     right.set_title("episode status")
-    right.legend(fontsize=8)
+    right.legend(fontsize=8, ncol=4, loc="upper center")
     fig.suptitle(
         f"vime eval: {report.get('suite', '?')} — {report.get('checkpoint', '')}", fontsize=9
     )
@@ -111,7 +111,9 @@ def plot_compare(comparison: dict[str, Any], out: Path) -> Path:
         right.bar(xs, diffs, width, label=f"{label} − {labels[0]}")
     right.axhline(0.0, color="black", linewidth=0.6)
     right.set_ylim(-1.05, 1.05)
-    right.set_xticks(range(len(tasks)), [t["task_id"] for t in tasks], rotation=90, fontsize=6)
+    several = len({t["set"] for t in tasks}) > 1
+    names = [f"{t['set']}/{t['task_id']}" if several else t["task_id"] for t in tasks]
+    right.set_xticks(range(len(tasks)), names, rotation=90, fontsize=6)
     right.set_title("per-task pass@1 difference")
     if others:
         right.legend(fontsize=8)

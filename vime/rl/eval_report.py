@@ -23,6 +23,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from vime.errors import ConfigError
 from vime.types import Episode, EpisodeStatus
 
 STATUSES = tuple(s.value for s in EpisodeStatus)
@@ -192,13 +193,11 @@ def read_report(path: str | Path) -> dict[str, Any]:
         >>> read_report("ckpt/eval-math")["suite"]  # doctest: +SKIP
         'math'
     """
-    from vime.errors import ConfigError
-
     path = Path(path)
     if path.is_dir():
         path = path / "report.json"
     if not path.exists():
-        raise ConfigError(f"eval compare: {path} does not exist (give report folders)", key=None)
+        raise ConfigError(f"eval compare: {path} does not exist (give report folders)")
     report = json.loads(path.read_text())
     if not isinstance(report, dict) or "rows" not in report or "sets" not in report:
         raise ConfigError(f"eval compare: {path} is not an eval report (no rows/sets)")

@@ -165,7 +165,7 @@ def load_suite(spec: str | Path) -> Suite:
         ['tools']
     """
     path = Path(spec)
-    if not (path.suffix in (".yaml", ".yml") or path.exists()):
+    if not (path.suffix in (".yaml", ".yml") or path.is_file()):
         path = bundled_suite_path(str(spec))
     if not path.exists():
         raise ConfigError(f"suite: {path} does not exist", key="suite")

@@ -431,8 +431,9 @@ def _print_summary(report: dict[str, Any]) -> None:
     for s in [*report["sets"], {"name": "all", "aggregate": report["aggregate"]}]:
         agg = s["aggregate"]
         shown = {k: v for k, v in agg.items() if k.startswith("pass@")}
-        shown.update(reward=agg["reward"], error=agg["error"], tasks=agg["tasks"])
-        print(f"{s['name']:<14} " + "  ".join(f"{k} {v:.3f}" for k, v in shown.items()))
+        shown.update(reward=agg["reward"], error=agg["error"])
+        scores = "  ".join(f"{k} {v:.3f}" for k, v in shown.items())
+        print(f"{s['name']:<14} {scores}  tasks {agg['tasks']:.0f}  episodes {agg['episodes']:.0f}")
 
 
 def compare_main(argv: list[str]) -> int:
