@@ -1,6 +1,11 @@
-"""``vime-agent eval ckpt=RUN step=N``: a step whose weights the run no longer keeps is
-exported from its trainer checkpoint (the same weights the trainer had), an engine is
-launched on it, and the suite runs.
+"""A real training run's evals and ``vime-agent eval ckpt=RUN step=N`` on its checkpoint.
+
+``vime-agent train`` (attached to the shared engine) on an env whose reward differs
+between samples, so one step moves the weights: its eval at step 0 and step 1 writes
+``eval/step_N/report.json``, whose aggregates are the step's ``eval/*`` metrics. Then the
+step's weight export is moved away (as a later step's sync prunes it) and ``vime-agent
+eval ckpt=RUN step=1`` exports the same weights from the trainer checkpoint, launches an
+engine on them and runs the suite.
 
 Everything runs in child processes (the real command line): the trainer's process groups
 are global state that the test process must not keep.
@@ -12,88 +17,88 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from vime.engine import EngineClient
 from vime.rl.eval_suites import load_suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# A run folder whose step 2 is a trainer checkpoint only (after one real train step, so
-# the optimizer has state), and the weights the trainer had then, exported for comparison.
-MAKE_RUN = textwrap.dedent(
-    """
-    import json, random, sys
-    from pathlib import Path
-    from omegaconf import OmegaConf
-    from vime.rl.config import load_config
-    from vime.trainer.step import Trainer
-    from vime.types import Sample
-
-    run, base = Path(sys.argv[1]), sys.argv[2]
-    cfg = load_config([f"model.path={base}", "trainer.lr=0.01"])
-    run.mkdir(parents=True)
-    (run / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.structured(cfg)))
-    trainer = Trainer(base, cfg.trainer)
-    g = random.Random(0)
-    samples = [
-        Sample(tokens=[g.randrange(200) for _ in range(12)], loss_mask=[0] * 4 + [1] * 8,
-               rollout_logprobs=[0.0] * 4 + [-5.0] * 8, advantage=a, group_id="g")
-        for a in (1.0, -1.0, 1.0, -1.0)
-    ]
-    trainer.train_step(samples)
-    ckpt = run / "checkpoints" / "step_000002"
-    trainer.save_checkpoint(ckpt / "trainer")
-    (ckpt / "state.json").write_text(json.dumps({"step": 2}))
-    trainer.export_hf(run.parent / "expected")
-    """
-)
+# Reward 1 for an odd-length reply: samples of one task differ, so GRPO has a signal.
+PARITY_ENV = """
+import vime
+from vime.envs import Env
 
 
-def _run(args: list[str], log: Path) -> None:
+class ParityEnv(Env):
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": self.task["question"]}], {}
+
+    def step(self, action):
+        return [], float(len(action.text) % 2), True, False, {}
+
+
+vime.register("evaltest/Parity-v0", entry_point=ParityEnv, max_turns=1)
+"""
+
+
+def _run(args: list[str], log: Path, pythonpath: Path) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
     with log.open("w") as out:
         done = subprocess.run(args, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     assert done.returncode == 0, log.read_text()[-3000:]
 
 
-def test_a_run_folders_step_is_exported_served_and_evaluated(tiny_model_dir, tmp_path):
-    run = tmp_path / "run"
-    _run([sys.executable, "-c", MAKE_RUN, str(run), str(tiny_model_dir)], tmp_path / "make.log")
+def test_training_evals_and_eval_of_a_run_step(vllm_server, tiny_model_dir, tmp_path):
+    (tmp_path / "parity_env.py").write_text(PARITY_ENV)
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(
+        "".join(json.dumps({"id": f"q{i}", "question": f"Say {i}."}) + "\n" for i in range(4))
+    )
+    train = [
+        sys.executable, "-m", "vime.cli", "train",
+        "env.id=parity_env:evaltest/Parity-v0", f"env.tasks.path={tasks}", f"env.eval_tasks={tasks}",
+        "env.eval_size=2", f"engine.url={vllm_server.url}", f"run_root={tmp_path / 'runs'}",
+        "model.warm_start_steps=0", "rollout.batch_size=2", "rollout.collector.n_samples=4",
+        "rollout.filter_groups=false", "steps=1", "eval_every=1", "plot=false",
+    ]  # fmt: skip
+    try:
+        _run(train, tmp_path / "train.log", tmp_path)
+    finally:  # the shared engine goes back to the tiny model's weights
+        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+    (run,) = (tmp_path / "runs").iterdir()
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    for row in rows:
+        report = json.loads((run / "eval" / f"step_{row['step']:06d}" / "report.json").read_text())
+        aggregate = {f"eval/{k}": v for k, v in report["aggregate"].items()}
+        assert {k: v for k, v in row.items() if k.startswith("eval/")} == aggregate
+        assert report["aggregate"]["episodes"] == 2 and report["step"] == row["step"]
+
+    (run / "weights" / "v000001").rename(tmp_path / "expected")
     suite = tmp_path / "two.yaml"
     held_out = Path(load_suite("math").source).parent / "heldout.jsonl"
-    suite.write_text(
-        json.dumps(
-            {
-                "name": "two",
-                "sets": [
-                    {
-                        "name": "math",
-                        "env": "vime/Math-v0",
-                        "tasks": str(held_out),
-                        "limit": 2,
-                        "collector": {"max_model_len": 512, "sampling": {"max_tokens": 8}},
-                    }
-                ],
-            }
-        )
-    )
-    cli = [sys.executable, "-m", "vime.cli", "eval", f"ckpt={run}", "step=2", f"suite={suite}"]
-    _run(cli, tmp_path / "eval.log")
+    math = {"name": "math", "env": "vime/Math-v0", "tasks": str(held_out), "limit": 2}
+    math["collector"] = {"max_model_len": 512, "sampling": {"max_tokens": 8}}
+    suite.write_text(json.dumps({"name": "two", "sets": [math]}))
+    cli = [sys.executable, "-m", "vime.cli", "eval", f"ckpt={run}", "step=1", f"suite={suite}"]
+    _run(cli, tmp_path / "eval.log", tmp_path)
 
-    exported = run / "eval" / "weights" / "v000002"
-    report = json.loads((run / "eval" / "two-step_000002" / "report.json").read_text())
+    exported = run / "eval" / "weights" / "v000001"
+    report = json.loads((run / "eval" / "two-step_000001" / "report.json").read_text())
     assert report["checkpoint"] == str(exported) and report["engine"] == "launched"
     assert report["aggregate"]["episodes"] == 2 and report["aggregate"]["error"] == 0.0
     base = load_file(next(tiny_model_dir.glob("*.safetensors")))
     expected = load_file(next((tmp_path / "expected").glob("*.safetensors")))
     got = load_file(next(exported.glob("*.safetensors")))
     assert got.keys() == expected.keys()
-    assert all(torch.equal(got[name], expected[name]) for name in got)  # the step's weights
+    assert all(torch.equal(got[name], expected[name]) for name in got)  # step 1's weights
     assert not all(torch.equal(got[name], base[name]) for name in got)  # not the start's

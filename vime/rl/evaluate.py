@@ -276,18 +276,21 @@ def _run_weights(run: Path, step: int | None) -> tuple[Path, int]:
 
 def _export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
     """HF weights from a step's trainer checkpoint: the run's trainer settings, on the
-    architecture (and tokenizer) of the run's newest export or its ``model.path``."""
+    architecture (and tokenizer) of the run's newest export, else of the model it started
+    from (``model.path``, or the tiny model when that is empty)."""
     from omegaconf import OmegaConf
 
+    from vime.models.tiny import build_tiny_model
     from vime.trainer.step import Trainer, TrainerConfig
 
     saved = OmegaConf.load(run / "config.yaml")
     like = sorted(_published(run / "weights").values())
-    base = like[-1] if like else Path(str(OmegaConf.select(saved, "model.path") or ""))
+    started = str(OmegaConf.select(saved, "model.path") or "")
+    base = like[-1] if like else Path(started) if started else build_tiny_model()
     if not (base / "config.json").exists():
         raise ConfigError(
-            f"step: cannot export {checkpoint}: the run has no weights export and no "
-            "model.path to take the architecture from",
+            f"step: cannot export {checkpoint}: the run has no weights export and its "
+            f"model.path {started} is not an HF folder (no config.json)",
             key="step",
         )
     trainer_cfg = OmegaConf.merge(
