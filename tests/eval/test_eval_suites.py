@@ -44,7 +44,10 @@ def test_bundled_tasks_are_held_back_from_training():
     assert not {t["id"] for t in load_bundled()} & {t["id"] for t in held}
 
 
-@pytest.mark.parametrize("record", load_suite("swe").tasks(load_suite("swe").sets[0]), ids=str)
+HELD_OUT_SWE = load_suite("swe").tasks(load_suite("swe").sets[0])
+
+
+@pytest.mark.parametrize("record", HELD_OUT_SWE, ids=[t["id"] for t in HELD_OUT_SWE])
 def test_held_back_swe_bug_is_real_and_its_fix_works(record, tmp_path):
     """The same check as the bundled SWE tasks' (the in-container grader, host python)."""
     task = SWETask.from_record(record)
