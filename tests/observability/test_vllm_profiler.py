@@ -3,7 +3,7 @@
 A server launched with ``engine.profiler_dir`` serves ``/start_profile`` and
 ``/stop_profile``; :class:`StepTrace` calls them around the chosen step and the server
 writes torch profiler traces (CPU here) into that folder. A server without a profiler
-(the session's shared one) makes the key fail, naming it and the fix.
+(the session's shared one) makes the key fail when the run starts, naming it and the fix.
 """
 
 from __future__ import annotations
@@ -55,6 +55,5 @@ def test_profile_step_writes_vllm_torch_traces(tiny_model_dir, tmp_path):
 
 
 def test_profile_step_on_a_server_without_profiler_names_the_key(vllm_server, tmp_path):
-    tracing = StepTrace(tmp_path, TraceConfig(vllm_profile_step=1), [vllm_server.url])
     with pytest.raises(ConfigError, match=r"trace.vllm_profile_step: .*engine.profiler_dir"):
-        tracing.begin(1)
+        StepTrace(tmp_path, TraceConfig(vllm_profile_step=1), [vllm_server.url])

@@ -77,7 +77,7 @@ class TraceConfig:
 
     def check_engine(self, profiler_dir: str, external: bool) -> None:
         """``vllm_profile_step`` needs engines that can profile: vime's own launched with
-        ``engine.profiler_dir``, or external ones (checked when the step starts).
+        ``engine.profiler_dir``, or external ones (asked when the run starts).
 
         Example:
             >>> TraceConfig(vllm_profile_step=2).check_engine("", external=False)

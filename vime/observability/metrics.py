@@ -85,10 +85,12 @@ def plot_curves(
     out: str | Path,
     keys: Iterable[str] = ("reward/mean", "eval/reward"),
     title: str = "vime training",
+    columns: int = 1,
 ) -> Path | None:
     """Save a PNG with one panel per metric key that appears in ``records``.
 
-    Returns the path, or None when none of the keys has data yet.
+    Panels fill ``columns`` columns (the run page draws many small ones). Returns the
+    path, or None when none of the keys has data yet.
 
     Example:
         >>> import tempfile
@@ -105,8 +107,14 @@ def plot_curves(
     present = [k for k in keys if any(r.get(k) is not None for r in records)]
     if not present:
         return None
-    fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.6 * len(present)), squeeze=False)
-    for ax, key in zip(axes[:, 0], present, strict=True):
+    cols = max(1, min(columns, len(present)))
+    rows = -(-len(present) // cols)
+    fig, axes = plt.subplots(
+        rows, cols, figsize=(7 if cols == 1 else 3.6 * cols, 2.6 * rows), squeeze=False
+    )
+    for ax in axes.flat[len(present) :]:
+        ax.set_visible(False)
+    for ax, key in zip(axes.flat, present, strict=False):
         pts = [(r["step"], r[key]) for r in records if r.get(key) is not None]
         xs, ys = [p[0] for p in pts], [p[1] for p in pts]
         ax.plot(xs, ys, marker="o", markersize=3, alpha=0.5 if len(pts) > 10 else 1.0)
@@ -118,10 +126,13 @@ def plot_curves(
             ]
             ax.plot(xs, trend, linewidth=2, label=f"mean of last {w}")
             ax.legend(loc="lower right")
-        ax.set_ylabel(key)
+        if cols == 1:
+            ax.set_ylabel(key)
+        else:
+            ax.set_title(key, fontsize=9)
         ax.grid(alpha=0.3)
-    axes[-1, 0].set_xlabel("step")
-    axes[0, 0].set_title(title)
+        ax.set_xlabel("step")
+    fig.suptitle(title)
     fig.tight_layout()
     out = Path(out)
     tmp = out.with_suffix(".tmp.png")

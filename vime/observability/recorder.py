@@ -73,13 +73,13 @@ class StepRecorder:
         """Every step's metrics so far."""
         return self.sinks.read()
 
-    def close(self) -> None:
-        """Stop tracing; close the sinks (which rewrites the run page)."""
+    def close(self, write_page: bool = True) -> None:
+        """Stop tracing; close the sinks (which rewrites the run page, if ``write_page``)."""
         self.tracing.close()
-        self.sinks.close()
+        self.sinks.close(write_page)
 
     def __enter__(self) -> StepRecorder:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(write_page=exc_type is None)  # an error or Ctrl-C: no page, exit at once

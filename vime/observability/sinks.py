@@ -64,15 +64,16 @@ class RunMetrics:
         """Every step written so far (from the JSONL)."""
         return self.jsonl.read()
 
-    def close(self) -> None:
-        """Flush and close the sinks; rewrite the run page (``metrics.page``)."""
+    def close(self, write_page: bool = True) -> None:
+        """Flush and close the sinks; rewrite the run page (``metrics.page``) unless
+        ``write_page`` is false (a run stopped by an error or Ctrl-C ends at once)."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-        if self.config.page:
+        if self.config.page and write_page:
             from vime.observability.run_page import write_run_page
 
             try:

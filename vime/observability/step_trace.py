@@ -21,8 +21,8 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
-import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -51,6 +51,9 @@ class StepTrace:
         self.config = config
         self.engine_urls = list(engine_urls)
         self._profiling = False
+        if config.vllm_profile_step:  # at start, not at step N: every engine must profile
+            for url in self.engine_urls:
+                _check_profiler(url)
         TRACE.enable(config.enabled)
 
     def begin(self, step: int) -> None:
@@ -77,19 +80,22 @@ class StepTrace:
         TRACE.drain()
 
 
+def _check_profiler(url: str) -> None:
+    """A :class:`ConfigError` unless the engine at ``url`` serves ``/start_profile`` (vLLM
+    adds the route only when launched with a profiler; its OpenAPI schema lists it)."""
+    with urllib.request.urlopen(url.rstrip("/") + "/openapi.json", timeout=30) as answer:
+        paths = json.loads(answer.read()).get("paths", {})
+    if "/start_profile" not in paths:
+        raise ConfigError(
+            f"trace.vllm_profile_step: the engine at {url} has no /start_profile (it was not "
+            "launched with a profiler); launch it with engine.profiler_dir=DIR, or set "
+            "trace.vllm_profile_step=0",
+            key="trace.vllm_profile_step",
+        )
+
+
 def _post(url: str, route: str) -> None:
-    """POST ``route`` to an engine; a server without a profiler is a config error."""
+    """POST ``route`` to an engine (stopping writes the profile: seconds on CPU)."""
     request = urllib.request.Request(url.rstrip("/") + route, data=b"", method="POST")
-    try:
-        # Stopping writes the profile: on CPU that takes seconds.
-        with urllib.request.urlopen(request, timeout=600):
-            pass
-    except urllib.error.HTTPError as err:
-        if err.code == 404:
-            raise ConfigError(
-                f"trace.vllm_profile_step: the engine at {url} has no {route} (it was not "
-                "launched with a profiler); launch it with engine.profiler_dir=DIR, or set "
-                "trace.vllm_profile_step=0",
-                key="trace.vllm_profile_step",
-            ) from None
-        raise
+    with urllib.request.urlopen(request, timeout=600):
+        pass
