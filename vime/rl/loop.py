@@ -40,7 +40,9 @@ from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
 from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.tiny import build_tiny_model
-from vime.observability.metrics import MetricsLog, plot_curves
+from vime.observability.metrics import plot_curves
+from vime.observability.recorder import StepRecorder
+from vime.observability.trace import TRACE
 from vime.rl.advantages import make_samples, needs_reference, select_groups
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
@@ -104,7 +106,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
-        metrics_log = MetricsLog(run.metrics)
+        metrics_log = cleanup.enter_context(StepRecorder(run.root, cfg, fleet.urls))
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
         engines, policy, sync = _engine_clients(cfg, fleet, group, run)
@@ -124,7 +126,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
-            t0 = time.perf_counter()
+            t0 = metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
             episodes, rollout_stats = _episodes(runner, step, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
@@ -136,7 +138,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 train_stats = group.train_step(samples) if samples else {}
             t2 = time.perf_counter()
             version = step
-            sync_stats = sync.sync(version)
+            sync_stats = TRACE.call("weight_sync", sync.sync, version)
             t3 = time.perf_counter()
             row = {
                 **rollout_stats,
@@ -150,7 +152,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 row.update(runner.run(evaluate(policy, model_dir, cfg, held_out, run.root, step)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, group, tasks, step)
-            metrics_log.write(step, row)
+            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
             console.step(step, row)
             if cfg.plot:
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
