@@ -69,7 +69,8 @@ def observe_a_run(folder: Path, engine_url: str) -> ObservedRun:
         "rollout.batch_size=2",
         "rollout.collector.n_samples=2",
         "rollout.filter_groups=false",
-        "rollout.collector.sampling.max_tokens=64",
+        # The call is 80 characters: at most 80 tokens and the end of the turn.
+        "rollout.collector.sampling.max_tokens=96",
         f"+rollout.collector.sampling.extra_body.structured_outputs.regex='{POLICY_REGEX}'",
         # An entropy term: the loss depends on the weights even when a group's rewards tie.
         "trainer.loss.entropy_coef=0.01",
