@@ -149,8 +149,7 @@ class _FusedLogprob(torch.autograd.Function):
         probs = shifted.exp()
         sums = [target_logit, probs.sum(dim=-1)]
         if with_entropy:
-            # Σ_v exp_v · shifted_v as a batched dot product: no third V-wide block.
-            sums.append(torch.bmm(probs[:, None, :], shifted[:, :, None])[:, 0, 0])
+            sums.append((probs * shifted).sum(dim=-1))  # Σ_v exp_v · shifted_v
         stacked = torch.stack(sums)
         if tp > 1:
             dist.all_reduce(stacked, group=group)
