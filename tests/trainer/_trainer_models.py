@@ -1,4 +1,9 @@
-"""Random tiny HF checkpoints (Llama, Qwen2, Qwen3) built locally for the trainer tests."""
+"""Random tiny HF checkpoints built locally for the trainer tests.
+
+``llama``, ``qwen2`` and ``qwen3`` are the base families; ``llama3``, ``qwen2.5`` and
+``mistral`` copy the shape of their real checkpoints' ``config.json`` (rope scaling, tied
+embeddings, sliding-window fields, explicit head_dim), only smaller.
+"""
 
 from __future__ import annotations
 
@@ -8,15 +13,23 @@ from typing import Any
 import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
+# Families shaped after a real checkpoint (tests/trainer/test_model_families.py).
+REAL_SHAPED = ("llama3", "qwen2.5", "mistral")
+
+# Llama-3.2-1B's rope_scaling. With head_dim 16 and theta 5e5 the rotary frequencies fall in
+# all three llama3 bands (kept, smoothed, divided by the factor).
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 32.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+    "rope_theta": 500000.0,
+}
 
 
-def make_hf_checkpoint(
-    family: str, folder: Path, *, tied: bool = False, vocab: int = 250, seed: int = 0
-) -> Path:
-    """Save a random tiny ``family`` model (float32) to ``folder`` and return the folder.
-
-    vocab=250 is deliberately not a multiple of 128, so vocab padding is exercised.
-    """
+def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
+    """The tiny HF config of ``family`` (one of :data:`FAMILIES` or :data:`REAL_SHAPED`)."""
     import transformers as tf
 
     common: dict[str, Any] = dict(
@@ -30,25 +43,42 @@ def make_hf_checkpoint(
         tie_word_embeddings=tied,
         rms_norm_eps=1e-6,
     )
-    cls: Any
-    cfg: Any
+    plain = {"rope_type": "default", "rope_theta": 1e6}
     if family == "llama":
-        cfg = tf.LlamaConfig(
-            **common, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}
+        return tf.LlamaConfig(**common, rope_parameters={**plain, "rope_theta": 10000.0})
+    if family == "qwen2":
+        return tf.Qwen2Config(**common, rope_parameters=plain)
+    if family == "qwen3":
+        return tf.Qwen3Config(**common, head_dim=24, rope_parameters=plain)
+    if family == "llama3":  # Llama-3.2-1B: llama3 rope, tied embeddings, rms_norm_eps 1e-5
+        common.update(tie_word_embeddings=True, rms_norm_eps=1e-5, max_position_embeddings=131072)
+        return tf.LlamaConfig(**common, rope_parameters=LLAMA3_ROPE)
+    if family == "qwen2.5":  # Qwen2.5-0.5B/1.5B: tied, theta 1e6, window fields present but off
+        common.update(tie_word_embeddings=True)
+        return tf.Qwen2Config(
+            **common,
+            rope_parameters=plain,
+            use_sliding_window=False,
+            sliding_window=32768,
+            max_window_layers=21,
         )
-        cls = tf.LlamaForCausalLM
-    elif family == "qwen2":
-        cfg = tf.Qwen2Config(**common, rope_parameters={"rope_type": "default", "rope_theta": 1e6})
-        cls = tf.Qwen2ForCausalLM
-    elif family == "qwen3":
-        cfg = tf.Qwen3Config(
-            **common, head_dim=24, rope_parameters={"rope_type": "default", "rope_theta": 1e6}
-        )
-        cls = tf.Qwen3ForCausalLM
-    else:
-        raise ValueError(family)
+    if family == "mistral":  # Mistral-7B-v0.3 / Nemo: theta 1e6, no window, explicit head_dim
+        return tf.MistralConfig(**common, head_dim=24, sliding_window=None, rope_parameters=plain)
+    raise ValueError(family)
+
+
+def make_hf_checkpoint(
+    family: str, folder: Path, *, tied: bool = False, vocab: int = 250, seed: int = 0
+) -> Path:
+    """Save a random tiny ``family`` model (float32) to ``folder`` and return the folder.
+
+    vocab=250 is deliberately not a multiple of 128, so vocab padding is exercised.
+    """
+    import transformers as tf
+
+    cfg = hf_config(family, tied=tied, vocab=vocab)
     torch.manual_seed(seed)
-    model = cls(cfg).float()
+    model = tf.AutoModelForCausalLM.from_config(cfg).float()
     # Random init leaves biases and norms at 0/1; perturb every tensor so the mapping of
     # each one (qkv bias, q/k norm, …) is actually tested.
     with torch.no_grad():

@@ -80,7 +80,7 @@ def test_tp_slices_reassemble_exactly(kind):
 
 
 def test_unsupported_architecture_lists_supported_ones():
-    with pytest.raises(UnsupportedArchitectureError, match="llama, qwen2, qwen3"):
+    with pytest.raises(UnsupportedArchitectureError, match="llama, mistral, qwen2, qwen3"):
         model_spec_from_hf(tf.GPT2Config())
     with pytest.raises(UnsupportedArchitectureError, match="rope"):
         model_spec_from_hf(

@@ -1,4 +1,4 @@
-"""Megatron-core GPT models built from Hugging Face configs (Llama, Qwen2, Qwen3).
+"""Megatron-core GPT models built from Hugging Face configs (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3).
 
 :func:`model_spec_from_hf` reads an HF config into a small :class:`ModelSpec` (and refuses
 what cannot be mapped exactly); :func:`megatron_config_from_hf` turns it into a Megatron
@@ -24,7 +24,14 @@ import torch.nn.functional as F
 
 from vime.errors import UnsupportedArchitectureError
 
-SUPPORTED_FAMILIES = ("llama", "qwen2", "qwen3")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+# Llama 3.x rope scaling: megatron-core's RotaryEmbedding takes only the factor and fixes
+# the other three parameters to these values (those of every published Llama 3.1/3.2/3.3).
+LLAMA3_ROPE_FIXED = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 # Vocab rows are padded to a multiple of this, independent of TP, so that checkpoints keep
 # one shape across TP sizes (Llama and Qwen vocabularies are already multiples of it).
 VOCAB_PAD_MULTIPLE = 128
@@ -51,21 +58,64 @@ class ModelSpec:
     tied_embeddings: bool
     qkv_bias: bool
     qk_norm: bool
+    # Llama 3.x rope scaling factor (``rope_type: llama3``); None: plain RoPE.
+    llama3_rope_factor: float | None = None
 
 
-def _rope_theta(cfg: Any) -> float:
-    params = getattr(cfg, "rope_parameters", None) or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ("default", None):
+def _rope_params(cfg: Any) -> dict[str, Any]:
+    """The config's rope settings, from ``rope_parameters`` (transformers 5) or the older
+    ``rope_scaling`` + ``rope_theta``."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    for key, value in (getattr(cfg, "rope_scaling", None) or {}).items():
+        params.setdefault(key, value)
+    params.setdefault("rope_theta", getattr(cfg, "rope_theta", None))
+    return params
+
+
+def _rope(cfg: Any) -> tuple[float, float | None]:
+    """``(rope_theta, llama3 factor or None)``, or raise for a rope Megatron would not match.
+
+    Example:
+        >>> from transformers import LlamaConfig
+        >>> _rope(LlamaConfig(rope_parameters={"rope_type": "llama3", "factor": 32.0,
+        ...     "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+        ...     "original_max_position_embeddings": 8192, "rope_theta": 500000.0}))
+        (500000.0, 32.0)
+    """
+    params = _rope_params(cfg)
+    rope_type = params.get("rope_type", params.get("type")) or "default"
+    theta = float(params["rope_theta"] if params["rope_theta"] is not None else 10000.0)
+    if rope_type == "default":
+        return theta, None
+    if rope_type != "llama3":
         raise UnsupportedArchitectureError(
-            f"rope_parameters.rope_type={rope_type!r} is not supported (only plain RoPE); "
-            "use a checkpoint without rope scaling"
+            f"rope_parameters.rope_type={rope_type!r} is not supported; supported: 'default' "
+            "(plain RoPE) and 'llama3' (Llama 3.x scaling)"
         )
-    scaling = getattr(cfg, "rope_scaling", None)
-    if scaling and scaling.get("rope_type", scaling.get("type")) not in ("default", None):
-        raise UnsupportedArchitectureError(f"rope_scaling={scaling} is not supported")
-    theta = params.get("rope_theta", getattr(cfg, "rope_theta", None))
-    return float(theta if theta is not None else 10000.0)
+    wrong = {k: params.get(k) for k, v in LLAMA3_ROPE_FIXED.items() if params.get(k) != v}
+    if wrong:
+        raise UnsupportedArchitectureError(
+            f"rope_parameters {wrong}: megatron-core's llama3 rope scaling fixes "
+            f"{LLAMA3_ROPE_FIXED} (the Llama 3.1/3.2/3.3 values); only 'factor' may differ"
+        )
+    return theta, float(params["factor"])
+
+
+def _check_sliding_window(cfg: Any, family: str) -> None:
+    """Refuse a sliding window that sequences can exceed (Megatron attends to every earlier
+    token). A window at least ``max_position_embeddings`` long never masks anything."""
+    if getattr(cfg, "use_sliding_window", False):
+        raise UnsupportedArchitectureError(
+            "use_sliding_window=True is not supported; set it to false (full attention)"
+        )
+    window = getattr(cfg, "sliding_window", None) if family == "mistral" else None
+    if window is not None and int(window) < int(cfg.max_position_embeddings):
+        raise UnsupportedArchitectureError(
+            f"sliding_window={window} < max_position_embeddings={cfg.max_position_embeddings}: "
+            "sequences could exceed the window, and the trainer attends to every earlier "
+            f"token; set sliding_window to null, or max_position_embeddings to {window} or "
+            "less, in config.json (the two then agree on every sequence)"
+        )
 
 
 def model_spec_from_hf(cfg: Any) -> ModelSpec:
@@ -93,17 +143,17 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
         raise UnsupportedArchitectureError(
             "mlp_bias=True is not supported (Llama default is False)"
         )
-    if getattr(cfg, "use_sliding_window", False):
-        raise UnsupportedArchitectureError("use_sliding_window=True is not supported")
+    _check_sliding_window(cfg, family)
     attention_bias = bool(getattr(cfg, "attention_bias", False))
-    if family == "llama" and attention_bias:
+    if family in ("llama", "mistral") and attention_bias:
         # Llama's attention_bias also puts a bias on o_proj, which Megatron can only express
         # together with biases on every linear layer.
-        raise UnsupportedArchitectureError("llama attention_bias=True is not supported")
+        raise UnsupportedArchitectureError(f"{family} attention_bias=True is not supported")
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
     vocab = int(cfg.vocab_size)
+    rope_theta, llama3_factor = _rope(cfg)
     return ModelSpec(
         family=family,
         num_layers=int(cfg.num_hidden_layers),
@@ -115,12 +165,13 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
         vocab_size=vocab,
         padded_vocab_size=math.ceil(vocab / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE,
         rms_norm_eps=float(cfg.rms_norm_eps),
-        rope_theta=_rope_theta(cfg),
+        rope_theta=rope_theta,
         max_position_embeddings=int(cfg.max_position_embeddings),
         tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias=True.
         qkv_bias=family == "qwen2" or (family == "qwen3" and attention_bias),
         qk_norm=family == "qwen3",
+        llama3_rope_factor=llama3_factor,
     )
 
 
@@ -306,4 +357,7 @@ def _construct(config: Any, layer_spec: Any, spec: ModelSpec) -> Any:
         share_embeddings_and_output_weights=spec.tied_embeddings,
         position_embedding_type="rope",
         rotary_base=spec.rope_theta,
+        # The same formula as HF's _compute_llama3_parameters (tested bit for bit).
+        rope_scaling=spec.llama3_rope_factor is not None,
+        rope_scaling_factor=spec.llama3_rope_factor or 8.0,
     )
