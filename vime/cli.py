@@ -29,6 +29,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "evaluate a checkpoint on a suite: vime-agent eval ckpt=CKPT|RUN|URL suite=math|FILE.yaml "
         "(eval compare A B ...: reports side by side)",
     ),
+    "export": (
+        "vime.rl.export:main",
+        "a run's checkpoint as an HF folder: vime-agent export RUN [step=N] --out DIR",
+    ),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
     "serve": (
         "vime.engine.cli:main",

@@ -5,7 +5,8 @@ between samples, so one step moves the weights: its eval at step 0 and step 1 wr
 ``eval/step_N/report.json``, whose aggregates are the step's ``eval/*`` metrics. Then the
 step's weight export is moved away (as a later step's sync prunes it) and ``vime-agent
 eval ckpt=RUN step=1`` exports the same weights from the trainer checkpoint, launches an
-engine on them and runs the suite.
+engine on them and runs the suite; ``vime-agent export RUN step=1`` writes them again as an
+HF folder that transformers loads.
 
 Everything runs in child processes (the real command line): the trainer's process groups
 are global state that the test process must not keep.
@@ -22,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
 
 from vime.engine import EngineClient
 from vime.rl.eval_suites import load_suite
@@ -102,3 +104,16 @@ def test_training_evals_and_eval_of_a_run_step(vllm_server, tiny_model_dir, tmp_
     assert got.keys() == expected.keys()
     assert all(torch.equal(got[name], expected[name]) for name in got)  # step 1's weights
     assert not all(torch.equal(got[name], base[name]) for name in got)  # not the start's
+
+    # vime-agent export: the same step's checkpoint as an HF folder that transformers loads,
+    # with the logits of the loop's own export of that step.
+    out = tmp_path / "exported"
+    _run([*cli[:3], "export", str(run), "step=1", "--out", str(out)], tmp_path / "x.log", tmp_path)
+    assert load_file(out / "model.safetensors").keys() == expected.keys()
+    assert all(torch.equal(t, expected[k]) for k, t in load_file(out / "model.safetensors").items())
+    ids = torch.arange(3, 40)[None]
+    logits = [
+        AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits
+        for folder in (out, tmp_path / "expected")
+    ]
+    assert torch.equal(logits[0], logits[1])

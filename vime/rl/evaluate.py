@@ -271,37 +271,9 @@ def _run_weights(run: Path, step: int | None) -> tuple[Path, int]:
             f"checkpoints: {steps}, exports: {sorted(exports)}",
             key="step",
         )
-    return _export_checkpoint(run, checkpoint, run / "eval" / "weights" / f"v{step:06d}"), step
+    from vime.rl.export import export_checkpoint
 
-
-def _export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
-    """HF weights from a step's trainer checkpoint: the run's trainer settings, on the
-    architecture (and tokenizer) of the run's newest export, else of the model it started
-    from (``model.path``, or the tiny model when that is empty)."""
-    from omegaconf import OmegaConf
-
-    from vime.models.tiny import build_tiny_model
-    from vime.trainer.step import Trainer, TrainerConfig
-
-    saved = OmegaConf.load(run / "config.yaml")
-    like = sorted(_published(run / "weights").values())
-    started = str(OmegaConf.select(saved, "model.path") or "")
-    base = like[-1] if like else Path(started) if started else build_tiny_model()
-    if not (base / "config.json").exists():
-        raise ConfigError(
-            f"step: cannot export {checkpoint}: the run has no weights export and its "
-            f"model.path {started} is not an HF folder (no config.json)",
-            key="step",
-        )
-    trainer_cfg = OmegaConf.merge(
-        OmegaConf.structured(TrainerConfig), OmegaConf.select(saved, "trainer") or {}
-    )
-    trainer = Trainer(base, OmegaConf.to_object(trainer_cfg))  # type: ignore[arg-type]
-    trainer.load_checkpoint(checkpoint / "trainer")
-    partial = dest.with_name(dest.name + ".partial")
-    trainer.export_hf(partial)
-    partial.rename(dest)  # whole or absent: a killed export is not taken for weights
-    return dest
+    return export_checkpoint(run, checkpoint, run / "eval" / "weights" / f"v{step:06d}"), step
 
 
 def _served_model_folder(url: str) -> Path:
