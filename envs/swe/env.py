@@ -8,8 +8,9 @@ touches test files is rejected (reward 0). Per-episode limits: the registered
 ``max_turns``, ``max_episode_seconds`` and ``max_total_output_chars`` (hitting one
 truncates the episode; the diff so far is still graded when ``grade_on_truncation``).
 
-The repository sandbox is created on the first tool call (so ``reset`` is cheap) and
-removed when the episode ends, on ``close()`` or on the next ``reset()``.
+The repository sandbox is leased from the process's warm pool of the image
+(:mod:`vime.sandbox.leases`) on the first tool call (so ``reset`` is cheap) and given back
+when the episode ends, on ``close()`` or on the next ``reset()``.
 
 Example:
     >>> env = SWEEnv()
@@ -148,10 +149,11 @@ class SWEEnv(ToolEnv):
         return cfg
 
     def _new_sandbox(self) -> Any:
-        from vime.sandbox import DockerSandbox
+        from vime.sandbox.leases import lease
 
         assert self._swe_task is not None
-        return DockerSandbox(self._sandbox_config(self._swe_task))
+        # Warm, from the process's pool of the task's image (the grader's too).
+        return lease(self._sandbox_config(self._swe_task))
 
     def _prepare(self, sandbox: Any) -> None:
         assert self._swe_task is not None

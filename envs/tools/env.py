@@ -10,9 +10,10 @@ what was wrong. The episode ends when the policy
   the text, none gives reward 0), or
 - runs out of turns (the registered ``max_turns``) or wall time (truncated, reward 0).
 
-The sandbox (for ``python``, ``read_file``, ``write_file``) is created only when such a
-tool is first called, gets the task's ``files`` in its workspace, and is removed by
-``close()`` or the next ``reset()``.
+The sandbox (for ``python``, ``read_file``, ``write_file``) is leased from the process's
+warm pool (:mod:`vime.sandbox.leases`) only when such a tool is first called, gets the
+task's ``files`` in its workspace, and goes back (wiped) on ``close()`` or the next
+``reset()``.
 
 Example:
     >>> env = ToolsEnv(ToolsConfig(tools=["calculator", "submit"]))
@@ -66,7 +67,7 @@ class ToolsConfig:
     answer_rel_tol: float = 1e-6
     # A jsonl task file; "" = the bundled tasks (used when reset gets no task).
     tasks_path: str = ""
-    # The sandbox the tools run in (created lazily, one per episode).
+    # The sandbox the tools run in (leased from a warm pool on first use, one per episode).
     sandbox: SandboxConfig = field(
         default_factory=lambda: SandboxConfig(
             memory="256m", timeout=30.0, labels={"vime.env": "tools"}
@@ -153,9 +154,9 @@ class ToolsEnv(ToolEnv):
         return messages, {"task_id": str(self.task["id"])}
 
     def _new_sandbox(self) -> Any:
-        from vime.sandbox import DockerSandbox
+        from vime.sandbox.leases import lease
 
-        return DockerSandbox(self.config.sandbox)
+        return lease(self.config.sandbox)  # warm, from the process's pool of the image
 
     def _finish(
         self, answer: Any, messages: list[Message], how: str

@@ -5,20 +5,30 @@ real sandboxes, and the labelled containers they leave on a docker host.
 A task's question is ``TASK:<key>``; the policy looks the key up in its script: the first
 turn runs that Python code with the ``python`` tool (or submits at once when the code is
 None), the next turn submits the task's answer.
+
+:func:`own_dockerd` starts a docker daemon of the project's own next to the shared one
+(its own socket and data root) for tests that stop, restart or spread over daemons.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
 import re
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import vime
 from vime.agents import Collector, CollectorConfig
 from vime.agents.policy_client import Completion
-from vime.sandbox import SandboxConfig
+from vime.sandbox import SandboxConfig, build_base_image, distribute_image
 from vime.sandbox.client import docker_client
+from vime.sandbox.leases import close_pools
 from vime.types import Episode
 
 
@@ -72,6 +82,7 @@ def collect(
         return asyncio.run(collector.collect(tasks(keys), make_env))
     finally:
         collector.close()
+        close_pools()  # the envs lease pooled sandboxes: remove the warm ones too
 
 
 def labelled(host: str, tag: str) -> list[dict[str, Any]]:
@@ -92,3 +103,54 @@ def running(host: str, tag: str, command: str) -> list[str]:
         if any(command in " ".join(map(str, p)) for p in procs):
             found.append(info["Id"])
     return found
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class OwnDockerd:
+    """A dockerd started by :func:`own_dockerd`: its DOCKER_HOST, and stop / start."""
+
+    host: str
+    env: dict[str, str]
+
+    def _script(self, verb: str, check: bool = True) -> str:
+        cmd = ["bash", str(ROOT / "scripts" / "dockerd.sh"), verb]
+        done = subprocess.run(cmd, env=self.env, capture_output=True, text=True)
+        assert done.returncode == 0 or not check, done.stderr
+        return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+
+    def start(self) -> str:
+        """Start it (again); returns its DOCKER_HOST, the same every time."""
+        return self._script("start")
+
+    def stop(self) -> None:
+        """SIGTERM to dockerd: it stops its containers (the daemon's own restart/outage)."""
+        self._script("stop")
+
+    def restart(self) -> None:
+        """Stop, then start on the same socket."""
+        self.stop()
+        assert self.start() == self.host
+
+
+@contextlib.contextmanager
+def own_dockerd(docker_host: str, run_dir: Path) -> Iterator[OwnDockerd]:
+    """A second dockerd (state under ``run_dir``) holding the base image of
+    ``docker_host``; stopped and its data root deleted (in the background) at the end."""
+    env = {
+        **os.environ,
+        "VIME_RUN_DIR": str(run_dir),
+        "VIME_DOCKERD_ARGS": "--bridge=none --iptables=false",  # leave the main one's alone
+    }
+    daemon = OwnDockerd("", env)
+    try:
+        daemon.host = daemon.start()
+        base = build_base_image(host=docker_host, log=lambda msg: None)
+        distribute_image(base, [docker_host, daemon.host])  # docker save | load, no registry
+        yield daemon
+    finally:
+        daemon._script("stop", check=False)
+        # Its data root holds the image's layers (~15 s to delete): not on the test's clock.
+        subprocess.Popen(["rm", "-rf", str(run_dir)], start_new_session=True)

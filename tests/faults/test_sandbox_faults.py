@@ -10,23 +10,19 @@ VIME_RUN_DIR), never the shared one.
 
 from __future__ import annotations
 
-import os
-import subprocess
 import threading
 import uuid
-from pathlib import Path
 from typing import Any
 
 import pytest
 from _faults import wait_for
-from _sandbox_episodes import collect, labelled, running
+from _sandbox_episodes import collect, labelled, own_dockerd, running
 
-from vime.sandbox import SandboxConfig, base_image_tag, build_base_image, distribute_image
+from vime.sandbox import SandboxConfig, base_image_tag, build_base_image
 from vime.sandbox.client import docker_client
 from vime.types import Episode, EpisodeStatus
 
 pytestmark = pytest.mark.docker
-ROOT = Path(__file__).resolve().parents[2]
 
 # The victims run `sleep 61` (found with `docker top`); the others a short computation.
 SCRIPT: dict[str, str | None] = {
@@ -92,32 +88,8 @@ def test_container_killed_during_an_exec_ends_only_its_episode(docker_host, tok)
 @pytest.fixture(scope="module")
 def second_dockerd(docker_host, tmp_path_factory):
     """A second dockerd of the project's own, with the base image; yields (host, restart)."""
-    run_dir = tmp_path_factory.mktemp("dockerd2")
-    env = {
-        **os.environ,
-        "VIME_RUN_DIR": str(run_dir),
-        "VIME_DOCKERD_ARGS": "--bridge=none --iptables=false",  # leave the main one's alone
-    }
-    script = ["bash", str(ROOT / "scripts" / "dockerd.sh")]
-
-    def start() -> str:
-        done = subprocess.run([*script, "start"], env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stderr
-        return done.stdout.strip().splitlines()[-1]
-
-    def restart() -> None:
-        subprocess.run([*script, "stop"], env=env, check=True)
-        assert start() == host
-
-    host = start()
-    try:
-        base = build_base_image(host=docker_host, log=lambda msg: None)
-        distribute_image(base, [docker_host, host])  # docker save | load, no registry
-        yield host, restart
-    finally:
-        subprocess.run([*script, "stop"], env=env, check=False)
-        # Its data root holds the image's layers (~15 s to delete): not on the test's clock.
-        subprocess.Popen(["rm", "-rf", str(run_dir)], start_new_session=True)
+    with own_dockerd(docker_host, tmp_path_factory.mktemp("dockerd2")) as daemon:
+        yield daemon.host, daemon.restart
 
 
 def test_dockerd_restarted_mid_step(second_dockerd, tok):

@@ -14,7 +14,8 @@
   ``throughput/train_tok_s`` (trained tokens per second of the train step);
 - ``spans/<kind>/n`` and ``spans/<kind>/s``: how many spans of each kind
   (:data:`~vime.observability.trace.KINDS`: sandbox execs, env steps, engine requests,
-  ...) ran since the last step, and their seconds.
+  ...) ran since the last step, and their seconds;
+- whatever each of :data:`STEP_SOURCES` returns (``sandbox/*`` from vime.sandbox.leases).
 
 The train/rollout mismatch (``train/train_rollout_logprob_abs_diff``, ``train/tis_clip_frac``)
 and the time split (``time/*``) come from the trainer and the loop.
@@ -31,12 +32,16 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from vime.observability.trace import TRACE
 from vime.types import Episode
 
 STATUSES = ("completed", "truncated", "aborted", "error")
+# More per-step figures from lower layers, each a call returning (and resetting) its
+# counts since the last step: e.g. vime.sandbox.leases.take_figures (sandbox/*).
+STEP_SOURCES: list[Callable[[], dict[str, float]]] = []
 
 
 def env_name(env_id: str) -> str:
@@ -71,6 +76,8 @@ def step_figures(episodes: list[Episode], version: int, row: dict[str, Any]) -> 
     for kind, (count, seconds) in TRACE.take_totals().items():
         out[f"spans/{kind}/n"] = float(count)
         out[f"spans/{kind}/s"] = seconds
+    for source in STEP_SOURCES:
+        out.update(source())
     return out
 
 

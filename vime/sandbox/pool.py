@@ -7,7 +7,11 @@ to a daemon restart is replaced instead of handed out); ``release`` resets it in
 background (:meth:`DockerSandbox.reset`: every process killed, every writable place
 emptied) and puts it back, or discards and replaces it when the reset fails, it died, or
 its rootfs is writable (a reset cannot undo writes there). New sandboxes are spread over
-the configured docker hosts, least-loaded first.
+the configured docker hosts, the one with the most free capacity first (at most
+``config.per_host_limit`` on one host); a host where a start fails is taken out of
+rotation for :data:`HOST_RETRY_S` seconds (doubling while it keeps failing), then retried.
+With ``warm`` below ``size`` the pool starts ``warm`` sandboxes up front and grows on
+demand: an acquire that finds none idle starts one more, up to ``size``.
 
 From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
 :meth:`session_async` and :meth:`run_async` for blocking sandbox calls: they run on the
@@ -42,13 +46,15 @@ T = TypeVar("T")
 
 # Idle seconds after which acquire asks docker whether the container still runs.
 PROBE_AFTER_S = 1.0
+# Seconds a docker host stays out of rotation after a failed start (doubles, up to 30 s).
+HOST_RETRY_S = 2.0
 
 
 class SandboxPool:
     """A bounded pool of pre-started :class:`DockerSandbox` es for one config (one image).
 
-    ``size`` is the most sandboxes alive at once; all of them are started up front.
-    ``workers`` threads start and reset sandboxes in the background.
+    ``size`` is the most sandboxes alive at once; ``warm`` of them (default: all) are
+    started up front. ``workers`` threads start and reset sandboxes in the background.
 
     Example (skipped as a doctest: it needs a running dockerd):
         >>> pool = SandboxPool(SandboxConfig(), size=4)  # doctest: +SKIP
@@ -62,19 +68,25 @@ class SandboxPool:
         config: SandboxConfig | None = None,
         size: int = 4,
         *,
+        warm: int | None = None,
         workers: int | None = None,
         factory: Callable[[SandboxConfig, str], DockerSandbox] | None = None,
     ) -> None:
         require(size >= 1, "pool.size", f"must be >= 1, got {size}")
         self.config = config or SandboxConfig()
         self.size = size
+        self.warm = size if warm is None else warm
+        require(0 <= self.warm <= size, "pool.warm", f"must be in [0, size={size}], got {warm}")
         self.hosts = self.config.hosts()
+        self._host_failures: collections.Counter[str] = collections.Counter()
+        self._down_until: dict[str, float] = {}
         self._factory = factory or (lambda cfg, host: DockerSandbox(cfg, host=host))
         self._cond = threading.Condition()
         self._idle: collections.deque[DockerSandbox] = collections.deque()
         self._idle_since: dict[DockerSandbox, float] = {}
         self._leased: set[DockerSandbox] = set()
         self._pending = 0  # sandboxes being started or reset (they count towards size)
+        self._waiters = 0  # acquire calls waiting for a sandbox
         self._per_host: collections.Counter[str] = collections.Counter()
         self._rr = itertools.count()
         self._closed = False
@@ -84,7 +96,7 @@ class SandboxPool:
         self.created = 0
         self.discarded = 0
         self._workers = ThreadPoolExecutor(
-            max_workers=workers or min(size, 4), thread_name_prefix="vime-pool"
+            max_workers=workers or min(size, 8), thread_name_prefix="vime-pool"
         )
         # For the async wrappers: one thread per sandbox, plus room for waiters.
         self._async_threads = ThreadPoolExecutor(
@@ -96,22 +108,34 @@ class SandboxPool:
 
             distribute_image(self.config.image, self.hosts)
         with self._cond:
-            for _ in range(size):
+            for _ in range(self.warm):
                 self._spawn_locked()
 
     # -- background work -------------------------------------------------------------
 
-    def _pick_host_locked(self) -> str:
-        """Least-loaded host; ties go round-robin so equal hosts fill evenly."""
-        low = min(self._per_host[h] for h in self.hosts)
-        tied = [h for h in self.hosts if self._per_host[h] == low]
+    def _pick_host_locked(self) -> str | None:
+        """The host with the most free capacity, hosts out of rotation last; ties go
+        round-robin so equal hosts fill evenly. None when every host is at its limit."""
+        limit = self.config.per_host_limit or self.size
+        now = time.monotonic()
+        free = {h: limit - self._per_host[h] for h in self.hosts if self._per_host[h] < limit}
+        if not free:
+            return None
+        up = [h for h in free if self._down_until.get(h, 0.0) <= now]
+        # Every host down: the soonest back gets the start (its backoff paces the tries).
+        candidates = up or [min(free, key=lambda h: self._down_until[h])]
+        most = max(free[h] for h in candidates)
+        tied = [h for h in candidates if free[h] == most]
         return tied[next(self._rr) % len(tied)]
 
-    def _spawn_locked(self) -> None:
+    def _spawn_locked(self) -> bool:
         host = self._pick_host_locked()
+        if host is None:
+            return False
         self._pending += 1
         self._per_host[host] += 1
         self._workers.submit(self._create, host)
+        return True
 
     def _create(self, host: str) -> None:
         with self._cond:
@@ -127,6 +151,9 @@ class SandboxPool:
                 self._per_host[host] -= 1
                 self._failures += 1
                 self._last_error = f"{type(err).__name__}: {err}"
+                self._host_failures[host] += 1  # out of rotation a while (see HOST_RETRY_S)
+                backoff = HOST_RETRY_S * 2 ** min(self._host_failures[host] - 1, 5)
+                self._down_until[host] = time.monotonic() + min(30.0, backoff)
                 delay = min(5.0, 0.25 * 2 ** min(self._failures, 5))
                 self._cond.notify_all()
             if not self._stop.wait(delay):
@@ -137,6 +164,8 @@ class SandboxPool:
         with self._cond:
             self._pending -= 1
             self._failures = 0
+            self._host_failures.pop(host, None)
+            self._down_until.pop(host, None)
             self.created += 1
             if self._closed:
                 self._per_host[host] -= 1
@@ -200,26 +229,39 @@ class SandboxPool:
     def _take(self, timeout: float | None, deadline: float | None) -> tuple[DockerSandbox, float]:
         """Lease an idle sandbox that looks alive; return it and its idle seconds."""
         with self._cond:
-            while True:
-                if self._closed:
-                    raise SandboxError("SandboxPool.acquire: the pool is closed")
-                while self._idle:
-                    sb = self._idle.popleft()
-                    since = self._idle_since.pop(sb, time.monotonic())
-                    if sb.alive:
-                        self._leased.add(sb)
-                        return sb, time.monotonic() - since
-                    self._pending += 1  # discarded below, outside the lock
-                    self._workers.submit(self._discard_pending, sb)
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    why = f"; last error: {self._last_error}" if self._last_error else ""
-                    raise SandboxError(
-                        f"SandboxPool.acquire: no sandbox free within {timeout}s "
-                        f"(size={self.size}, leased={len(self._leased)}, starting or "
-                        f"resetting={self._pending}){why}; raise pool size or the timeout"
-                    )
-                self._cond.wait(remaining)
+            self._waiters += 1
+            try:
+                return self._take_locked(timeout, deadline)
+            finally:
+                self._waiters -= 1
+
+    def _take_locked(
+        self, timeout: float | None, deadline: float | None
+    ) -> tuple[DockerSandbox, float]:
+        while True:
+            if self._closed:
+                raise SandboxError("SandboxPool.acquire: the pool is closed")
+            while self._idle:
+                sb = self._idle.popleft()
+                since = self._idle_since.pop(sb, time.monotonic())
+                if sb.alive:
+                    self._leased.add(sb)
+                    return sb, time.monotonic() - since
+                self._pending += 1  # discarded below, outside the lock
+                self._workers.submit(self._discard_pending, sb)
+            # None idle: start more, one per waiter not covered by a start or reset.
+            while self._pending < self._waiters and self._live_locked() < self.size:
+                if not self._spawn_locked():
+                    break
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                why = f"; last error: {self._last_error}" if self._last_error else ""
+                raise SandboxError(
+                    f"SandboxPool.acquire: no sandbox free within {timeout}s "
+                    f"(size={self.size}, leased={len(self._leased)}, starting or "
+                    f"resetting={self._pending}){why}; raise pool size or the timeout"
+                )
+            self._cond.wait(remaining)
 
     def _discard_pending(self, sb: DockerSandbox) -> None:
         with self._cond:
@@ -318,12 +360,12 @@ class SandboxPool:
         """
         deadline = time.monotonic() + timeout
         with self._cond:
-            while len(self._idle) < self.size:
+            while len(self._idle) < self.warm:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or self._closed:
                     why = f"; last error: {self._last_error}" if self._last_error else ""
                     raise SandboxError(
-                        f"SandboxPool.wait_ready: {len(self._idle)}/{self.size} sandboxes ready "
+                        f"SandboxPool.wait_ready: {len(self._idle)}/{self.warm} sandboxes ready "
                         f"after {timeout}s{why}"
                     )
                 self._cond.wait(min(remaining, 0.5))
@@ -343,6 +385,9 @@ class SandboxPool:
                 "created": self.created,
                 "discarded": self.discarded,
                 "per_host": dict(self._per_host),
+                "hosts_down": sorted(
+                    h for h, t in self._down_until.items() if t > time.monotonic()
+                ),
                 "last_error": self._last_error,
             }
 

@@ -39,6 +39,7 @@ def _env(tag: str, **kwargs):
         timeout=60.0,
         env={"HOME": "/tmp"},
         labels={"vime.env": "swe", "vime.test": tag},
+        pool=False,  # one container per episode, so its lifetime can be seen (pooled: tests/faults)
     )
     return vime.make("vime/SWE-v0", sandbox=sandbox, **kwargs)
 

@@ -25,8 +25,10 @@ def _call(name: str, **arguments) -> Action:
 
 
 def _labelled_env(tag: str, **kwargs):
+    # The cold path (pool off): one container per episode, so its lifetime can be seen.
+    # Pooled leases: tests/sandbox/test_sandbox_leases.py and tests/faults.
     sandbox = SandboxConfig(
-        memory="256m", timeout=30.0, labels={"vime.env": "tools", "vime.test": tag}
+        memory="256m", timeout=30.0, labels={"vime.env": "tools", "vime.test": tag}, pool=False
     )
     return vime.make("vime/Tools-v0", sandbox=sandbox, **kwargs)
 

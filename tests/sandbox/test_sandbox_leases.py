@@ -1,0 +1,68 @@
+"""Pooled leases (what the envs use) against the real dockerd: warm reuse, wiped on
+return, growth up to pool_max, the per-host limit, the per-step figures, and the cold
+path when the pool is off."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from vime.observability.step_metrics import step_figures
+from vime.sandbox.leases import close_pools, host_label, lease, pool_for, take_figures
+
+pytestmark = pytest.mark.docker
+
+
+def test_leases_reuse_wiped_sandboxes_grow_to_the_limit_and_report_figures(
+    sandbox_config, docker_host
+):
+    cfg = sandbox_config(pool_warm=1, pool_max=3, per_host_limit=2)
+    take_figures()  # start counting here
+    try:
+        pool_for(cfg).wait_ready(60)
+        first = lease(cfg)
+        first.exec("echo secret > /workspace/s", timeout=10)
+        sid = first.sandbox.id
+        first.close()
+        first.close()  # twice is harmless
+        # Back warm and wiped: the same container, without the last episode's file.
+        deadline = time.monotonic() + 10
+        while pool_for(cfg).stats()["idle"] < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        again = lease(cfg)
+        assert again.sandbox.id == sid and again.exec("ls -A /workspace", timeout=10).stdout == ""
+        # Demand grows the pool, but one host holds at most per_host_limit (2) of it:
+        # a third lease waits until one comes back.
+        second = lease(cfg)
+        got: list = []
+        waiter = threading.Thread(target=lambda: got.append(lease(cfg)))
+        waiter.start()
+        waiter.join(1.5)
+        assert waiter.is_alive() and pool_for(cfg).stats()["per_host"] == {docker_host: 2}
+        second.close()
+        waiter.join(30)
+        assert got and got[0].sandbox.id == second.sandbox.id
+        got[0].close()
+        again.close()
+        figures = step_figures([], 0, {})  # what the RL loop's recorder adds to a step
+        assert figures["sandbox/acquires"] == 4.0 and figures["sandbox/failures"] == 0.0
+        assert figures["sandbox/execs"] == 2.0 and figures["sandbox/exec_s"] > 0
+        assert figures[f"sandbox/leases/{host_label(docker_host)}"] == 4.0
+        assert figures["sandbox/hosts"] == 1.0 and take_figures() == {}
+    finally:
+        close_pools()
+
+
+def test_pool_off_gives_a_cold_container_removed_on_close(sandbox_config, docker_host):
+    from vime.sandbox.client import docker_client
+
+    cfg = sandbox_config(pool=False, labels={"vime.test": "cold-lease"})
+    sb = lease(cfg)
+    assert sb.exec("echo hi", timeout=10).stdout == "hi\n"
+    sb.close()
+    left = docker_client(docker_host).api.containers(
+        all=True, filters={"label": "vime.test=cold-lease"}
+    )
+    assert left == []

@@ -1,0 +1,211 @@
+"""Sandboxes for env episodes: leased from a warm pool shared by the whole process, and
+the per-step sandbox figures the RL loop records.
+
+:func:`lease` gives an env a :class:`Lease` (a :class:`~vime.sandbox.Sandbox`) from the
+process's :class:`~vime.sandbox.SandboxPool` of that config (one pool per image and
+limits, made on first use: ``pool_warm`` started up front, growing to ``pool_max``,
+spread over ``docker_hosts``); ``Lease.close()`` gives it back, to be wiped and reused.
+With ``SandboxConfig.pool`` off the lease is a cold container, removed on close.
+
+Every lease and exec is counted; :func:`take_figures` returns the counts since its last
+call (``sandbox/acquire_s``, ``sandbox/exec_s``, ``sandbox/failures``, ``sandbox/hosts``,
+``sandbox/leases/<host>`` ...), and the RL loop's recorder adds them to each step's row.
+
+Example:
+    >>> sorted(take_figures())
+    []
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import re
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from vime.errors import SandboxError
+from vime.observability.step_metrics import STEP_SOURCES
+from vime.sandbox.base import ExecResult
+from vime.sandbox.config import SandboxConfig
+from vime.sandbox.docker import DockerSandbox
+from vime.sandbox.pool import SandboxPool
+
+# Seconds an episode waits for a sandbox when its pool is at pool_max (all leased).
+ACQUIRE_TIMEOUT_S = 600.0
+
+_pools: dict[str, SandboxPool] = {}
+_pools_lock = threading.Lock()
+
+
+class _Counts:
+    """What leases did since the last :func:`take_figures` (thread-safe)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.acquire_s: list[float] = []
+        self.exec_s: list[float] = []
+        self.failures = 0
+        self.per_host: collections.Counter[str] = collections.Counter()
+
+    def take(self) -> dict[str, float]:
+        with self.lock:
+            acq, execs, fails, hosts = self.acquire_s, self.exec_s, self.failures, self.per_host
+            self.acquire_s, self.exec_s, self.failures = [], [], 0
+            self.per_host = collections.Counter()
+        if not (acq or execs or fails):
+            return {}
+        out = {
+            "sandbox/acquires": float(len(acq)),
+            "sandbox/acquire_s": sum(acq) / len(acq) if acq else 0.0,
+            "sandbox/acquire_s_max": max(acq, default=0.0),
+            "sandbox/execs": float(len(execs)),
+            "sandbox/exec_s": sum(execs) / len(execs) if execs else 0.0,
+            "sandbox/failures": float(fails),
+            "sandbox/hosts": float(len(hosts)),
+        }
+        for host, n in sorted(hosts.items()):
+            out[f"sandbox/leases/{host_label(host)}"] = float(n)
+        return out
+
+
+_COUNTS = _Counts()
+
+
+def host_label(host: str) -> str:
+    """A docker host URL as a metric-key part.
+
+    Example:
+        >>> host_label("unix:///work/.run/docker/docker.sock")
+        'work_.run_docker_docker.sock'
+    """
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", host.split("://", 1)[-1]).strip("_")
+
+
+def take_figures() -> dict[str, float]:
+    """The sandbox figures since the last call (empty when no sandbox was used); see the
+    module docstring. Example: ``take_figures().get("sandbox/acquire_s")``."""
+    return _COUNTS.take()
+
+
+STEP_SOURCES.append(take_figures)
+
+
+class Lease:
+    """One episode's sandbox: a pooled (or cold) :class:`DockerSandbox` whose ``close``
+    gives it back. Calls are timed and failures counted for :func:`take_figures`; every
+    other attribute is the sandbox's own.
+
+    Example (skipped as a doctest: it needs a running dockerd):
+        >>> sb = lease(SandboxConfig())  # doctest: +SKIP
+        >>> sb.exec("echo hi", timeout=5).stdout; sb.close()  # doctest: +SKIP
+        'hi\\n'
+    """
+
+    def __init__(self, sandbox: DockerSandbox, pool: SandboxPool | None) -> None:
+        self.sandbox, self.pool = sandbox, pool
+        self._lock = threading.Lock()
+        self._returned = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sandbox, name)
+
+    def _timed(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        except SandboxError:
+            with _COUNTS.lock:
+                _COUNTS.failures += 1
+            raise
+        finally:
+            with _COUNTS.lock:
+                _COUNTS.exec_s.append(time.perf_counter() - t0)
+
+    def exec(self, cmd: str | list[str], **kwargs: Any) -> ExecResult:
+        """:meth:`DockerSandbox.exec`, timed."""
+        return self._timed(self.sandbox.exec, cmd, **kwargs)
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """:meth:`DockerSandbox.write_file`, timed."""
+        self._timed(self.sandbox.write_file, path, data)
+
+    def read_file(self, path: str) -> bytes:
+        """:meth:`DockerSandbox.read_file`, timed."""
+        return self._timed(self.sandbox.read_file, path)
+
+    def copy_in(self, local_dir: str | Path, remote_dir: str) -> None:
+        """:meth:`DockerSandbox.copy_in`, timed."""
+        self._timed(self.sandbox.copy_in, local_dir, remote_dir)
+
+    def copy_out(self, remote_dir: str, local_dir: str | Path) -> None:
+        """:meth:`DockerSandbox.copy_out`, timed."""
+        self._timed(self.sandbox.copy_out, remote_dir, local_dir)
+
+    def close(self) -> None:
+        """Give the sandbox back (wiped, then reused) or remove it (no pool). Idempotent."""
+        with self._lock:
+            if self._returned:
+                return
+            self._returned = True
+        if self.pool is None:
+            self.sandbox.close()
+        else:
+            self.pool.release(self.sandbox)
+
+
+def pool_for(config: SandboxConfig) -> SandboxPool:
+    """The process's pool of ``config`` (made and started on first use).
+
+    Example (skipped as a doctest: it needs a running dockerd):
+        >>> pool_for(SandboxConfig()).stats()["per_host"]  # doctest: +SKIP
+        {'unix:///work/main/.run/docker/docker.sock': 2}
+    """
+    key = repr(config)
+    with _pools_lock:
+        pool = _pools.get(key)
+        if pool is None:
+            pool = _pools[key] = SandboxPool(config, size=config.pool_max, warm=config.pool_warm)
+        return pool
+
+
+def lease(config: SandboxConfig, timeout: float = ACQUIRE_TIMEOUT_S) -> Lease:
+    """A sandbox for one episode (see the module docstring); ``close()`` it when done.
+
+    Example (skipped as a doctest: it needs a running dockerd):
+        >>> with contextlib.closing(lease(SandboxConfig())) as sb:  # doctest: +SKIP
+        ...     sb.exec("true", timeout=5)
+    """
+    t0 = time.perf_counter()
+    try:
+        if config.pool:
+            pool: SandboxPool | None = pool_for(config)
+            sandbox = pool.acquire(timeout)  # type: ignore[union-attr]
+        else:
+            pool, sandbox = None, DockerSandbox(config)
+    except SandboxError:
+        with _COUNTS.lock:
+            _COUNTS.failures += 1
+        raise
+    with _COUNTS.lock:
+        _COUNTS.acquire_s.append(time.perf_counter() - t0)
+        _COUNTS.per_host[sandbox.host] += 1
+    return Lease(sandbox, pool)
+
+
+def close_pools() -> None:
+    """Remove every pooled sandbox of this process (at exit, and in tests). Idempotent.
+
+    Example:
+        >>> close_pools()
+    """
+    with _pools_lock:
+        pools = list(_pools.values())
+        _pools.clear()
+    for pool in pools:
+        pool.close()
+
+
+atexit.register(close_pools)
