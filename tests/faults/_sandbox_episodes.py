@@ -69,9 +69,14 @@ def tasks(keys: list[str]) -> list[dict[str, Any]]:
 
 
 def collect(
-    tok: Any, script: dict[str, str | None], sandbox: SandboxConfig, keys: list[str]
+    tok: Any,
+    script: dict[str, str | None],
+    sandbox: SandboxConfig,
+    keys: list[str],
+    keep_pools: bool = False,
 ) -> list[Episode]:
-    """Collect one episode per key (all concurrently) with the scripted policy."""
+    """Collect one episode per key (all concurrently) with the scripted policy; then
+    remove the pooled sandboxes, unless ``keep_pools`` (the next call reuses them)."""
 
     def make_env() -> Any:
         return vime.make("vime/Tools-v0", sandbox=sandbox, max_turns=3, tools=["python", "submit"])
@@ -82,7 +87,8 @@ def collect(
         return asyncio.run(collector.collect(tasks(keys), make_env))
     finally:
         collector.close()
-        close_pools()  # the envs lease pooled sandboxes: remove the warm ones too
+        if not keep_pools:
+            close_pools()  # the envs lease pooled sandboxes: remove the warm ones too
 
 
 def labelled(host: str, tag: str) -> list[dict[str, Any]]:

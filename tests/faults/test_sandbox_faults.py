@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from _faults import wait_for
-from _sandbox_episodes import collect, labelled, own_dockerd, running
+from _sandbox_episodes import collect, labelled, running
 
 from vime.sandbox import SandboxConfig, base_image_tag, build_base_image
 from vime.sandbox.client import docker_client
@@ -85,11 +85,10 @@ def test_container_killed_during_an_exec_ends_only_its_episode(docker_host, tok)
     assert labelled(docker_host, tag) == []
 
 
-@pytest.fixture(scope="module")
-def second_dockerd(docker_host, tmp_path_factory):
-    """A second dockerd of the project's own, with the base image; yields (host, restart)."""
-    with own_dockerd(docker_host, tmp_path_factory.mktemp("dockerd2")) as daemon:
-        yield daemon.host, daemon.restart
+@pytest.fixture
+def second_dockerd(second_daemon):
+    """The second dockerd of the project's own (conftest.py): (host, restart)."""
+    return second_daemon.host, second_daemon.restart
 
 
 def test_dockerd_restarted_mid_step(second_dockerd, tok):
