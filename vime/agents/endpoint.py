@@ -1,0 +1,471 @@
+"""Bring your own agent: an OpenAI-compatible endpoint that records each session as an episode.
+
+An unmodified agent program talks to :class:`AgentEndpoint` as to any model server
+(``POST {base_url}/chat/completions`` with ``messages`` and ``tools``; ``GET
+{base_url}/models``). Each session has its own base URL,
+``http://HOST:PORT/sessions/{id}/v1``; what a session records, and which requests it
+refuses, is :mod:`vime.agents.agent_session`'s. Replies are sampled by vLLM through the
+:class:`~vime.agents.policy_client.PolicyClient` with the endpoint's sampling settings
+(the RL run's: a request's ``temperature`` and the like are not used; its ``max_tokens``
+or ``max_completion_tokens`` may only lower the per-turn cap), and any ``model`` name is
+accepted: the policy being trained answers.
+
+:meth:`AgentEndpoint.run` plays one episode: it resets the env for the task, starts the
+agent command with ``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY``
+set and the task's prompt (the env's last opening user message) on stdin, waits for it
+to exit, and has the env grade the agent's last reply. Endings:
+
+- the agent exits 0: ``completed`` (the env terminated on the reply) or ``truncated``;
+- it exits non-zero: ``error`` (its stderr's end in the reason), not graded;
+- it runs past ``agent_timeout_s``: killed, ``truncated`` (``agent_timeout``), graded;
+- a request past ``max_turns`` or the token budget: answered with HTTP 400 and the episode
+  is ``truncated`` (``max_turns`` / ``max_model_len``), graded on the last reply;
+- the engine unreachable: HTTP 503 and ``aborted`` (the reason that
+  :func:`~vime.agents.episode.lost_to_engine` recognises); another engine error: ``error``.
+
+Example (skipped as a doctest: it needs a running vLLM server):
+    >>> endpoint = AgentEndpoint(PolicyClient.from_urls(url), model_dir)  # doctest: +SKIP
+    >>> await endpoint.start()  # doctest: +SKIP
+    >>> ep = await endpoint.run(["python", "examples/own_agent.py"], task, "vime/Math-v0")  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import time
+import uuid
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from vime.agents.agent_session import AgentSession, ConversationError, completion_body
+from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES
+from vime.agents.collector import _check_task, _factory
+from vime.agents.episode import (
+    ENGINE_ABORTED,
+    ENGINE_UNAVAILABLE,
+    Ending,
+    EnvFactory,
+    _finish_env,
+    _start_env,
+    _step_env,
+    _turn_record,
+)
+from vime.agents.policy_client import ContextLengthError, EngineUnavailableError, PolicyClient
+from vime.agents.tool_parsers import PARSERS, get_parser
+from vime.config import require, require_choice
+from vime.errors import EngineError, TemplateError
+from vime.types import Episode, EpisodeStatus, Message, SamplingParams, Turn
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EndpointConfig:
+    """How the endpoint samples, bounds and serves sessions.
+
+    Example:
+        >>> EndpointConfig(max_turns=4).tool_parser
+        'hermes'
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_model_len: int = 4096  # tokens per episode (also capped by the engine's own)
+    max_turns: int = 16  # replies per session
+    tool_parser: str = "hermes"  # see vime.agents.tool_parsers.PARSERS
+    on_template_mismatch: str = "keep_history"  # see vime.agents.chat_tokens
+    agent_timeout_s: float = 600.0  # the agent process's wall time in run()
+    env_timeout_s: float = 300.0  # per env reset / grading step
+    # Set: each reply's sampling seed is derived from it, the task id, the episode's index
+    # and the turn (as the collector's seed does), so runs repeat and no two turns share one.
+    seed: int | None = None
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sampling, dict):  # from a YAML/CLI config
+            self.sampling = SamplingParams(**self.sampling)
+        require(self.max_model_len >= 2, "endpoint.max_model_len", "must be >= 2")
+        require(self.max_turns >= 1, "endpoint.max_turns", "must be >= 1")
+        require_choice(self.tool_parser, "endpoint.tool_parser", PARSERS)
+        require_choice(
+            self.on_template_mismatch, "endpoint.on_template_mismatch", TEMPLATE_MISMATCH_MODES
+        )
+        require(self.agent_timeout_s > 0, "endpoint.agent_timeout_s", "must be > 0 seconds")
+        require(self.env_timeout_s > 0, "endpoint.env_timeout_s", "must be > 0 seconds")
+
+
+@dataclass
+class OpenSession:
+    """A session handed to an agent: its base URL and the task's prompt.
+
+    Example:
+        >>> OpenSession("s1", "http://127.0.0.1:1/sessions/s1/v1", "What is 2+3?").session_id
+        's1'
+    """
+
+    session_id: str
+    base_url: str
+    prompt: str
+
+
+@dataclass
+class _Live:
+    """An open session's state beside its conversation."""
+
+    session: AgentSession
+    env: Any
+    env_id: str
+    task: dict[str, Any]
+    index: int
+    group: str
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    turns: list[Turn] = field(default_factory=list)
+    ending: Ending | None = None  # set by the request that ended the session
+    server: str = ""
+    t_start: float = field(default_factory=time.perf_counter)
+    timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0})
+
+
+class _Refused(Exception):
+    """A request answered with an OpenAI-style error (status, message, param, code)."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
+        super().__init__(message)
+        self.status, self.param, self.code = status, param, code
+
+    def response(self) -> web.Response:
+        error = {"message": str(self), "type": "invalid_request_error", "param": self.param}
+        if self.code:
+            error["code"] = self.code
+        return web.json_response({"error": error}, status=self.status)
+
+
+class AgentEndpoint:
+    """The OpenAI-compatible endpoint (see the module docstring).
+
+    Args:
+        client: the policy servers.
+        tokenizer: a Hugging Face tokenizer with a chat template, or a folder to load one from.
+        config: an :class:`EndpointConfig`.
+
+    Example (skipped as a doctest: it needs a running vLLM server):
+        >>> async with AgentEndpoint(client, model_dir) as endpoint:  # doctest: +SKIP
+        ...     ep = await endpoint.run(["python", "agent.py"], {"id": "t1"}, "vime/Math-v0")
+    """
+
+    def __init__(
+        self, client: PolicyClient, tokenizer: Any, config: EndpointConfig | None = None
+    ) -> None:
+        if isinstance(tokenizer, str) or hasattr(tokenizer, "__fspath__"):
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(str(tokenizer))
+        self.client = client
+        self.tokenizer = tokenizer
+        self.config = config or EndpointConfig()
+        self.parse = get_parser(self.config.tool_parser)
+        self.url = ""
+        self._sessions: dict[str, _Live] = {}
+        self._runner: web.AppRunner | None = None
+        self._budget = self.config.max_model_len
+        self._model = ""
+
+    async def __aenter__(self) -> AgentEndpoint:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def start(self) -> str:
+        """Serve on ``config.host:config.port``; return the URL (``http://127.0.0.1:PORT``)."""
+        try:
+            self._model = await self.client.model_name()
+            engine_len = await self.client.max_model_len()
+        except EngineUnavailableError as err:  # each request retries; not fatal here
+            logger.warning("%s", err)
+            engine_len = None
+        self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
+        app = web.Application(client_max_size=64 * 2**20)
+        app.router.add_post("/sessions/{sid}/v1/chat/completions", self._handle_chat)
+        app.router.add_get("/sessions/{sid}/v1/models", self._handle_models)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.config.host, self.config.port)
+        await site.start()
+        host, port = self._runner.addresses[0][:2]
+        self.url = f"http://{host}:{port}"
+        return self.url
+
+    async def stop(self) -> None:
+        """Close every open session (as aborted) and stop serving."""
+        for sid in list(self._sessions):
+            await self.close(sid, Ending(EpisodeStatus.ABORTED, "the endpoint stopped"))
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # ------------------------------------------------------------------ sessions
+
+    async def open(
+        self, task: dict[str, Any], env: str | EnvFactory, *, index: int = 0, group: str = ""
+    ) -> OpenSession:
+        """Build and reset the env for ``task``; a new session for an agent to talk to."""
+        _check_task(task)
+        box: list[Any] = []
+        try:
+            async with asyncio.timeout(self.config.env_timeout_s):
+                messages, _ = await asyncio.to_thread(_start_env, _factory(env), box, None, task)
+        except BaseException:
+            if box:
+                await asyncio.to_thread(_finish_env, box[0])
+            raise
+        sid = uuid.uuid4().hex
+        session = AgentSession(
+            self.tokenizer, sid, on_template_mismatch=self.config.on_template_mismatch
+        )
+        env_id = str(getattr(box[0], "env_id", "") or type(box[0]).__name__)
+        group = group or f"{task['id']}:{sid[:8]}"
+        self._sessions[sid] = _Live(session, box[0], env_id, task, index, group)
+        return OpenSession(sid, f"{self.url}/sessions/{sid}/v1", _task_prompt(messages))
+
+    async def close(self, session_id: str, ending: Ending | None = None) -> Episode:
+        """End a session: the env grades the last reply (unless it failed); the Episode.
+
+        ``ending`` is how the agent ended (None: it finished normally); an ending that a
+        request already recorded wins.
+        """
+        live = self._sessions.pop(session_id)
+        async with live.lock:
+            final, reward, metrics = await self._settle(live, live.ending or ending)
+            if live.session.chat is not None:
+                try:
+                    live.session.chat.close()
+                except TemplateError as err:  # on_template_mismatch="error"
+                    if final.status is not EpisodeStatus.ERROR:
+                        final = Ending(EpisodeStatus.ERROR, f"template error: {err}")
+            self.client.release(session_id)
+        return _episode(live, final, reward, metrics)
+
+    async def _settle(
+        self, live: _Live, ending: Ending | None
+    ) -> tuple[Ending, float, dict[str, float]]:
+        """Grade the last reply with one ``env.step`` (the env closes after it), unless the
+        episode failed; then only close the env. The ending, the reward, the env's metrics."""
+        action = live.session.last_action
+        if ending is None and action is None:
+            ending = Ending(EpisodeStatus.ERROR, "the agent sent no chat request")
+        try:
+            async with asyncio.timeout(self.config.env_timeout_s):
+                if action is None or (ending is not None and not ending.status.trainable):
+                    assert ending is not None
+                    return ending, 0.0, await asyncio.to_thread(_finish_env, live.env)
+                result, metrics = await asyncio.to_thread(_step_env, live.env, action, True)
+        except Exception as err:  # EnvError, a timeout: the episode is not trained on
+            return Ending(EpisodeStatus.ERROR, f"env error: {type(err).__name__}: {err}"), 0.0, {}
+        terminated = bool(result[2])
+        if ending is None:
+            ending = (
+                Ending(EpisodeStatus.COMPLETED, "")
+                if terminated
+                else Ending(EpisodeStatus.TRUNCATED, "env")
+            )
+        return ending, float(result[1]), dict(metrics or {})
+
+    async def run(
+        self,
+        command: list[str],
+        task: dict[str, Any],
+        env: str | EnvFactory,
+        *,
+        index: int = 0,
+        group: str = "",
+    ) -> Episode:
+        """Play one episode with the agent ``command`` (see the module docstring).
+
+        Example (skipped as a doctest: it needs a running vLLM server):
+            >>> ep = await endpoint.run(["python", "agent.py"], {"id": "t1"}, "vime/Math-v0")  # doctest: +SKIP
+        """
+        opened = await self.open(task, env, index=index, group=group)
+        environ = {**os.environ, "OPENAI_BASE_URL": opened.base_url, "OPENAI_API_KEY": "vime"}
+        ending: Ending | None = None
+        stdout = stderr = b""
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                env=environ,
+            )
+        except OSError as err:
+            ending = Ending(EpisodeStatus.ERROR, f"agent {command[0]!r} did not start: {err}")
+        else:
+            ending, stdout, stderr = await self._wait(proc, opened.prompt)
+        episode = await self.close(opened.session_id, ending)
+        episode.metadata["agent_stdout"] = stdout.decode(errors="replace")[-4000:]
+        episode.metadata["agent_stderr"] = stderr.decode(errors="replace")[-4000:]
+        return episode
+
+    async def _wait(
+        self, proc: asyncio.subprocess.Process, prompt: str
+    ) -> tuple[Ending | None, bytes, bytes]:
+        """Feed the prompt, wait for the agent; its ending (None: exited 0) and output."""
+        timeout = self.config.agent_timeout_s
+        try:
+            async with asyncio.timeout(timeout):
+                stdout, stderr = await proc.communicate(prompt.encode())
+        except TimeoutError:
+            proc.kill()  # the agent's own process only; it must not outlive its episode
+            stdout, stderr = await proc.communicate()
+            return Ending(EpisodeStatus.TRUNCATED, f"agent_timeout ({timeout:g} s)"), stdout, stderr
+        if proc.returncode != 0:
+            tail = stderr.decode(errors="replace").strip()[-500:]
+            why = f"agent exited with code {proc.returncode}: {tail}"
+            return Ending(EpisodeStatus.ERROR, why), stdout, stderr
+        return None, stdout, stderr
+
+    # ------------------------------------------------------------------ HTTP
+
+    async def _handle_models(self, request: web.Request) -> web.Response:
+        if request.match_info["sid"] not in self._sessions:
+            return _unknown_session(request.match_info["sid"]).response()
+        card = {"id": self._model, "object": "model", "owned_by": "vime", "created": 0}
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def _handle_chat(self, request: web.Request) -> web.Response:
+        sid = request.match_info["sid"]
+        live = self._sessions.get(sid)
+        try:
+            if live is None:
+                raise _unknown_session(sid)
+            body = await _request_body(request)
+            async with live.lock:
+                return web.json_response(await self._reply(live, body))
+        except _Refused as refused:
+            return refused.response()
+
+    async def _reply(self, live: _Live, body: dict[str, Any]) -> dict[str, Any]:
+        """One chat request of a session: check, sample, append, answer (under its lock)."""
+        if live.ending is not None:
+            raise _Refused(400, f"this session has ended ({live.ending.reason}); open a new one")
+        if len(live.turns) >= self.config.max_turns:
+            self._end(live, EpisodeStatus.TRUNCATED, "max_turns")
+            raise _Refused(400, f"the session's {self.config.max_turns} turns are used up")
+        try:
+            prompt = live.session.prepare(body.get("messages"), body.get("tools"), self._budget)
+        except ConversationError as err:
+            raise _Refused(400, str(err), err.param) from None
+        except TemplateError as err:
+            self._end(live, EpisodeStatus.ERROR, f"template error: {err}")
+            raise _Refused(400, str(err), "messages") from None
+        room = self._budget - len(prompt) if prompt is not None else 0
+        if prompt is None or room < 1:
+            self._end(live, EpisodeStatus.TRUNCATED, "max_model_len")
+            raise _Refused(
+                400,
+                f"the session's {self._budget} tokens are used up",
+                "messages",
+                "context_length_exceeded",
+            )
+        asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        sampling = self.config.sampling
+        cap = min(sampling.max_tokens, room, int(asked) if asked else sampling.max_tokens)
+        out = await self._generate(live, prompt, cap)
+        prompt_len = len(prompt)
+        message = live.session.reply(out, self.parse, self.config.tool_parser, len(live.turns))
+        assert live.session.chat is not None and live.session.last_action is not None
+        live.turns.append(_turn_record(live.session.chat, out, live.session.last_action))
+        if out.finish_reason == "abort":
+            self._end(live, EpisodeStatus.ABORTED, ENGINE_ABORTED)
+        return completion_body(message, out, self._model, prompt_len)
+
+    async def _generate(self, live: _Live, prompt: list[int], max_tokens: int) -> Any:
+        """Sample from vLLM; an engine failure ends the session and refuses the request."""
+        t0 = time.perf_counter()
+        sid = live.session.session_id
+        params = self.config.sampling
+        if self.config.seed is not None:
+            key = f"{self.config.seed}:{live.task['id']}:{live.index}:{len(live.turns)}"
+            params = dataclasses.replace(params, seed=zlib.crc32(key.encode()))
+        try:
+            out = await self.client.generate(prompt, params, session=sid, max_tokens=max_tokens)
+        except ContextLengthError as err:
+            self._end(live, EpisodeStatus.TRUNCATED, f"context_length: {err}")
+            raise _Refused(400, str(err), "messages", "context_length_exceeded") from None
+        except EngineUnavailableError as err:
+            self._end(live, EpisodeStatus.ABORTED, f"{ENGINE_UNAVAILABLE}: {err}")
+            raise _Refused(503, str(err)) from None
+        except EngineError as err:
+            self._end(live, EpisodeStatus.ERROR, f"engine error: {err}")
+            raise _Refused(502, str(err)) from None
+        live.timings["generate_s"] += time.perf_counter() - t0
+        live.server = out.server
+        return out
+
+    @staticmethod
+    def _end(live: _Live, status: EpisodeStatus, reason: str) -> None:
+        live.ending = live.ending or Ending(status, reason)
+
+
+def _unknown_session(sid: str) -> _Refused:
+    return _Refused(404, f"no open session {sid!r}: open one with AgentEndpoint.open()")
+
+
+async def _request_body(request: web.Request) -> dict[str, Any]:
+    """The request's JSON; streaming and ``n > 1`` are refused (one reply per turn)."""
+    try:
+        body = await request.json()
+    except ValueError:
+        raise _Refused(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise _Refused(400, "the request body must be a JSON object")
+    if body.get("stream"):
+        raise _Refused(400, "streaming is not supported; send stream=false", "stream")
+    if body.get("n", 1) != 1:
+        raise _Refused(400, "one reply per request: n must be 1", "n")
+    return body
+
+
+def _task_prompt(messages: list[Message]) -> str:
+    """What the agent is given on stdin: the env's last opening user message.
+
+    Example:
+        >>> _task_prompt([{"role": "system", "content": "S"}, {"role": "user", "content": "Q"}])
+        'Q'
+    """
+    users = [str(m.get("content") or "") for m in messages if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def _episode(live: _Live, ending: Ending, reward: float, metrics: dict[str, float]) -> Episode:
+    """The finished session as an :class:`Episode` (empty token fields if it never started)."""
+    chat = live.session.chat
+    timings = {**live.timings, "total_s": time.perf_counter() - live.t_start}
+    metrics = {**metrics, "turns": float(len(live.turns))}
+    return Episode(
+        task_id=str(live.task["id"]),
+        env_id=live.env_id,
+        tokens=chat.tokens if chat else [],
+        loss_mask=chat.loss_mask if chat else [],
+        rollout_logprobs=chat.logprobs if chat else [],
+        weight_versions=chat.weight_versions if chat else [],
+        reward=reward if reward == reward and abs(reward) != float("inf") else 0.0,
+        status=ending.status,
+        reason=ending.reason,
+        prompt_len=chat.prompt_len if chat else 0,
+        group_id=live.group,
+        sample_index=live.index,
+        turns=live.turns,
+        timings=timings,
+        messages=chat.messages if chat else [],
+        metrics=metrics,
+        metadata={"server": live.server, "own_agent": True, "tools": live.session.tools},
+        uid=live.session.session_id,
+    )
