@@ -132,8 +132,10 @@ def test_a_request_must_continue_its_session(vllm_server, tok) -> None:
         agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
         chat = agent.chat.completions.create
         messages: list[Any] = [{"role": "user", "content": opened.prompt}]
-        first = (await chat(model="any", messages=messages, tools=[ADD])).choices[0].message
-        messages.append(first.model_dump(exclude_none=True))
+        reply = await chat(model="any", messages=messages, tools=[ADD])
+        retried = await chat(model="any", messages=messages, tools=[ADD])  # an SDK retry
+        assert retried.id == reply.id  # the same reply, not sampled again
+        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
         refused = {}
         edited = [{"role": "user", "content": "What is 9+9?"}, *messages[1:], messages[0]]
         for name, kwargs in {

@@ -11,7 +11,8 @@ holding the whole conversation each time. :class:`AgentSession` turns them into 
   messages after it (tool results, a user turn): only those are tokenized (loss_mask 0).
   A request that rewrites history, or changes the tools, is refused with
   :class:`ConversationError` and changes nothing: one session is one episode, and a new
-  conversation needs a new session.
+  conversation needs a new session. The last request sent again unchanged (the SDK
+  retrying after a timeout) gets the same reply again, and nothing is recorded twice.
 
 At the end the env grades the agent's last reply (one ``env.step``), and the session
 becomes an :class:`~vime.types.Episode` like the collector's.
@@ -141,6 +142,24 @@ class AgentSession:
         self.conversation: list[Message] = []  # the agent's view: its messages + our replies
         self.last_text = ""  # the last reply's sampled text (what the env grades)
         self.last_action: Action | None = None
+        self._last_asked: list[Message] | None = None  # the messages of the last request served
+
+    def repeats(self, messages: Any, tools: list[dict[str, Any]] | None) -> bool:
+        """Whether a request is the last one sent again (an SDK retry after a timeout).
+
+        Example:
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> s = AgentSession(AutoTokenizer.from_pretrained(build_tiny_model()), "s1")
+            >>> s.repeats([{"role": "user", "content": "Hi"}], None)
+            False
+        """
+        if self._last_asked is None or (tools or None) != self.tools:
+            return False
+        try:
+            return [_normalized(m) for m in messages] == self._last_asked
+        except (ConversationError, TypeError):
+            return False
 
     def prepare(
         self, messages: Any, tools: list[dict[str, Any]] | None, budget: int | None = None
@@ -165,12 +184,13 @@ class AgentSession:
             if budget is not None and len(chat.tokens) >= budget:
                 return None
             self.chat, self.tools, self.conversation = chat, tools or None, asked
+            self._last_asked = asked
             return chat.tokens
         self._check_continues(asked, tools)
         new = asked[len(self.conversation) :]
         if not self.chat.add_messages(new, max_total=budget):
             return None
-        self.conversation = asked
+        self.conversation = self._last_asked = asked
         return self.chat.tokens
 
     def _check_continues(self, asked: list[Message], tools: list[dict[str, Any]] | None) -> None:

@@ -51,6 +51,7 @@ from vime.agents.episode import (
     ENGINE_UNAVAILABLE,
     Ending,
     EnvFactory,
+    _close_quietly,
     _finish_env,
     _start_env,
     _step_env,
@@ -127,6 +128,7 @@ class _Live:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     turns: list[Turn] = field(default_factory=list)
     ending: Ending | None = None  # set by the request that ended the session
+    last_reply: dict[str, Any] | None = None  # sent again to a retried request
     server: str = ""
     t_start: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0})
@@ -224,7 +226,7 @@ class AgentEndpoint:
                 messages, _ = await asyncio.to_thread(_start_env, _factory(env), box, None, task)
         except BaseException:
             if box:
-                await asyncio.to_thread(_finish_env, box[0])
+                asyncio.get_running_loop().run_in_executor(None, _close_quietly, box[0])
             raise
         sid = uuid.uuid4().hex
         session = AgentSession(
@@ -241,7 +243,9 @@ class AgentEndpoint:
         ``ending`` is how the agent ended (None: it finished normally); an ending that a
         request already recorded wins.
         """
-        live = self._sessions.pop(session_id)
+        live = self._sessions.pop(session_id, None)
+        if live is None:
+            raise KeyError(f"no open session {session_id!r} (closed already, or never opened)")
         async with live.lock:
             final, reward, metrics = await self._settle(live, live.ending or ending)
             if live.session.chat is not None:
@@ -307,11 +311,24 @@ class AgentEndpoint:
         except OSError as err:
             ending = Ending(EpisodeStatus.ERROR, f"agent {command[0]!r} did not start: {err}")
         else:
-            ending, stdout, stderr = await self._wait(proc, opened.prompt)
+            try:
+                ending, stdout, stderr = await self._wait(proc, opened.prompt)
+            except BaseException:  # cancelled: neither the agent nor the env may leak
+                if proc.returncode is None:
+                    proc.kill()
+                self._abandon(opened.session_id)
+                raise
         episode = await self.close(opened.session_id, ending)
         episode.metadata["agent_stdout"] = stdout.decode(errors="replace")[-4000:]
         episode.metadata["agent_stderr"] = stderr.decode(errors="replace")[-4000:]
         return episode
+
+    def _abandon(self, session_id: str) -> None:
+        """Drop a session without grading it; its env closes in a thread, unawaited."""
+        live = self._sessions.pop(session_id, None)
+        if live is not None:
+            asyncio.get_running_loop().run_in_executor(None, _close_quietly, live.env)
+        self.client.release(session_id)
 
     async def _wait(
         self, proc: asyncio.subprocess.Process, prompt: str
@@ -353,6 +370,10 @@ class AgentEndpoint:
 
     async def _reply(self, live: _Live, body: dict[str, Any]) -> dict[str, Any]:
         """One chat request of a session: check, sample, append, answer (under its lock)."""
+        if live.last_reply is not None and live.session.repeats(
+            body.get("messages"), body.get("tools")
+        ):
+            return live.last_reply
         if live.ending is not None:
             raise _Refused(400, f"this session has ended ({live.ending.reason}); open a new one")
         if len(live.turns) >= self.config.max_turns:
@@ -375,8 +396,7 @@ class AgentEndpoint:
                 "context_length_exceeded",
             )
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
-        sampling = self.config.sampling
-        cap = min(sampling.max_tokens, room, int(asked) if asked else sampling.max_tokens)
+        cap = min(self.config.sampling.max_tokens, room, asked or room)
         out = await self._generate(live, prompt, cap)
         prompt_len = len(prompt)
         message = live.session.reply(out, self.parse, self.config.tool_parser, len(live.turns))
@@ -384,7 +404,8 @@ class AgentEndpoint:
         live.turns.append(_turn_record(live.session.chat, out, live.session.last_action))
         if out.finish_reason == "abort":
             self._end(live, EpisodeStatus.ABORTED, ENGINE_ABORTED)
-        return completion_body(message, out, self._model, prompt_len)
+        live.last_reply = completion_body(message, out, self._model, prompt_len)
+        return live.last_reply
 
     async def _generate(self, live: _Live, prompt: list[int], max_tokens: int) -> Any:
         """Sample from vLLM; an engine failure ends the session and refuses the request."""
@@ -430,6 +451,10 @@ async def _request_body(request: web.Request) -> dict[str, Any]:
         raise _Refused(400, "streaming is not supported; send stream=false", "stream")
     if body.get("n", 1) != 1:
         raise _Refused(400, "one reply per request: n must be 1", "n")
+    for key in ("max_tokens", "max_completion_tokens"):
+        cap = body.get(key)
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+            raise _Refused(400, f"{key} must be a positive integer, got {cap!r:.40}", key)
     return body
 
 
