@@ -54,6 +54,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "draw a step's timeline: vime-agent trace RUN step=N",
     ),
     "page": ("vime.observability.run_page:main", "write the run's HTML page: vime-agent page RUN"),
+    "own-agent": ("vime.agents.own_agent_cli:main", "run your agent: policy=URL tasks=F -- CMD"),
 }
 
 

@@ -9,6 +9,7 @@ call or a boxed answer, and the sampling is still the real engine's.
 from __future__ import annotations
 
 import asyncio
+import json
 import sys
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ import pytest
 from vime.agents import PolicyClient
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
 from vime.suites.math.reward import score_answer
-from vime.types import EpisodeStatus, Sample, SamplingParams
+from vime.types import Episode, EpisodeStatus, Sample, SamplingParams
 
 pytestmark = pytest.mark.engine
 
@@ -182,3 +183,19 @@ def test_an_agent_that_fails_or_hangs_ends_its_episode(vllm_server, tok) -> None
     assert crashed.reason == "agent exited with code 1: no key for the tool API"
     assert hung.status is EpisodeStatus.TRUNCATED and hung.reason == "agent_timeout (1 s)"
     assert not hung.trainable and hung_s < 10  # the agent was killed, not waited for
+
+
+def test_cli_plays_the_example_and_writes_its_episodes(vllm_server, tmp_path, capsys) -> None:
+    from vime.cli import main
+
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "episodes.jsonl"
+    tasks.write_text("".join(json.dumps(t) + "\n" for t in TASKS[:2]))
+    regex = json.dumps({"structured_outputs": {"regex": AGENT_REGEX}})
+    argv = [f"policy={vllm_server.url}", f"tasks={tasks}", f"out={out}", "concurrency=2"]
+    argv += ["endpoint.seed=3", f"endpoint.sampling.extra_body={regex}"]
+    assert main(["own-agent", *argv, "--", sys.executable, str(AGENT)]) == 0
+    episodes = [Episode.from_dict(json.loads(line)) for line in out.read_text().splitlines()]
+    assert [ep.task_id for ep in episodes] == ["t23", "t41"]
+    assert all(ep.status is EpisodeStatus.COMPLETED and ep.num_sampled_tokens for ep in episodes)
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith("t23  completed  reward=") and len(printed) == 2
