@@ -77,46 +77,51 @@ def tok(tiny_model_dir):
 
 
 def test_example_agent_episodes_are_token_exact(vllm_server, tok) -> None:
-    async def play(endpoint: AgentEndpoint) -> list[tuple[Any, int]]:
-        played = []
-        for task in TASKS:  # one at a time: each episode's vLLM responses are consecutive
-            ep = await endpoint.run([sys.executable, str(AGENT)], task, "vime/Math-v0")
-            played.append((ep, len(ep.turns)))
-        return played
+    async def play(endpoint: AgentEndpoint) -> list[Episode]:
+        # One at a time: each episode's vLLM responses are consecutive in the record.
+        return [
+            await endpoint.run([sys.executable, str(AGENT)], task, "vime/Math-v0") for task in TASKS
+        ]
 
-    played, raw = with_endpoint(vllm_server.url, tok, play)
-    start = calls = 0
-    for ep, n in played:
+    episodes, raw = with_endpoint(vllm_server.url, tok, play)
+    start = 0
+    for ep in episodes:
         assert ep.status is EpisodeStatus.COMPLETED, (ep.reason, ep.metadata["agent_stderr"])
-        responses = raw[start : start + n]
-        start += n
+        responses = raw[start : start + len(ep.turns)]
+        start += len(ep.turns)
         # Token-exact: the sampled ids are vLLM's ids, each request's prompt is the episode
         # so far, and the log-probs are vLLM's beside them; nothing else is trained on.
         sampled = [t for t, m in zip(ep.tokens, ep.loss_mask, strict=True) if m]
         assert sampled == [t for r in responses for t in r["choice"]["token_ids"]]
         lps = [lp for lp, m in zip(ep.rollout_logprobs, ep.loss_mask, strict=True) if m]
         assert lps == [lp for r in responses for lp in r["choice"]["logprobs"]["token_logprobs"]]
-        assert all(
-            lp == 0.0 for lp, m in zip(ep.rollout_logprobs, ep.loss_mask, strict=True) if not m
-        )
+        unsampled = [lp for lp, m in zip(ep.rollout_logprobs, ep.loss_mask, strict=True) if not m]
+        assert set(unsampled) == {0.0}
+        assert {v for v, m in zip(ep.weight_versions, ep.loss_mask, strict=True) if m} == {0}
         for r in responses:
             assert ep.tokens[: len(r["prompt"])] == r["prompt"]
+        assert ep.prompt_len == len(responses[0]["prompt"])
         assert ep.loss_mask[: ep.prompt_len] == [0] * ep.prompt_len
-        assert ep.tokens[: ep.prompt_len] == responses[0]["prompt"]
-        # The sequence is the agent's conversation as the template renders it.
+        # The sequence is the agent's conversation, its tools included, as the template
+        # renders it; the tool results are the ones the agent computed.
+        assert [t["function"]["name"] for t in ep.metadata["tools"]] == ["add"]
         rendered = tok.apply_chat_template(
             ep.messages, tools=ep.metadata["tools"], tokenize=False, add_generation_prompt=False
         )
         assert tok.decode(ep.tokens, skip_special_tokens=False) == rendered
+        for asked, answer in zip(ep.messages, ep.messages[1:], strict=False):
+            if answer["role"] == "tool":
+                args = json.loads(asked["content"].split("<tool_call>")[1].split("</tool_call>")[0])
+                assert json.loads(answer["content"]) == {"result": sum(args["arguments"].values())}
         # The reward is the env's grader on the last reply; the agent printed that reply.
         last = ep.messages[-1]["content"]
         assert ep.reward == score_answer(last, _answer(ep)).reward
         if "boxed" in last:
             assert ep.metadata["agent_stdout"].strip() == last
-        calls += sum(t.num_tool_calls for t in ep.turns)
         assert Sample.from_episode(ep, advantage=1.0).num_loss_tokens == len(sampled)
     assert start == len(raw)
-    assert calls > 0 and {ep.reward for ep, _ in played} == {0.0, 1.0}
+    assert sum(t.num_tool_calls for ep in episodes for t in ep.turns) > 0
+    assert {ep.reward for ep in episodes} == {0.0, 1.0}
 
 
 def _answer(ep: Any) -> str:
