@@ -75,6 +75,9 @@ class SWEConfig:
     tasks_path: str = ""
     # User for tasks that bring their own image (SWE-bench images keep /testbed root-owned).
     image_user: str = "0:0"
+    # Tools offered to the policy (of bash, str_replace, write_file, submit); fewer
+    # schemas leave more of a small context to the episode (bash alone can edit files).
+    tools: list[str] = field(default_factory=lambda: [t.name for t in SWE_TOOLS])
     # Sandbox of the agent and of the grader (HOME is moved out of the repository).
     sandbox: SandboxConfig = field(
         default_factory=lambda: SandboxConfig(
@@ -95,6 +98,9 @@ class SWEConfig:
         )
         require(self.max_diff_bytes >= 1, "swe.max_diff_bytes", "must be >= 1")
         require(self.grade_timeout > 0, "swe.grade_timeout", "must be > 0 seconds")
+        known = [t.name for t in SWE_TOOLS]
+        unknown = [t for t in self.tools if t not in known]
+        require(not unknown, "swe.tools", f"unknown tool(s) {unknown}; the SWE tools are {known}")
 
 
 def load_task_file(path: str | Path) -> list[dict[str, Any]]:
@@ -128,11 +134,11 @@ class SWEEnv(ToolEnv):
     """
 
     def __init__(self, config: SWEConfig | dict[str, Any] | None = None, **overrides: Any) -> None:
-        super().__init__(Toolset(SWE_TOOLS))
         if isinstance(config, dict):
             config = SWEConfig(**config)
         base = config or SWEConfig()
         self.config = dataclasses.replace(base, **overrides) if overrides else base
+        super().__init__(Toolset([t for t in SWE_TOOLS if t.name in self.config.tools]))
         self._swe_task: SWETask | None = None
         self._base = ""
         self._output_chars = 0
