@@ -25,7 +25,8 @@ from vime.types import Episode, EpisodeStatus, Sample, SamplingParams
 
 pytestmark = pytest.mark.engine
 
-AGENT = Path(__file__).resolve().parents[2] / "examples" / "own_agent.py"
+ROOT = Path(__file__).resolve().parents[2]
+AGENT, DOC = ROOT / "examples" / "own_agent.py", ROOT / "docs" / "own_agent.md"
 AGENT_REGEX = (
     r'(<tool_call>\n\{"name": "add", "arguments": \{"a": [0-9], "b": [0-9]\}\}\n</tool_call>'
     r"|The answer is \\boxed\{[5-8]\}\.)"
@@ -122,6 +123,7 @@ def test_example_agent_episodes_are_token_exact(vllm_server, tok) -> None:
     assert start == len(raw)
     assert sum(t.num_tool_calls for ep in episodes for t in ep.turns) > 0
     assert {ep.reward for ep in episodes} == {0.0, 1.0}
+    assert AGENT.read_text() in DOC.read_text()  # the documented agent is the tested one
 
 
 def _answer(ep: Any) -> str:
