@@ -20,6 +20,7 @@ import pytest
 
 from vime.agents import PolicyClient
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
+from vime.agents.episode import lost_to_engine
 from vime.suites.math.reward import score_answer
 from vime.types import Episode, EpisodeStatus, Sample, SamplingParams
 
@@ -206,3 +207,22 @@ def test_cli_plays_the_example_and_writes_its_episodes(vllm_server, tmp_path, ca
     assert all(ep.status is EpisodeStatus.COMPLETED and ep.num_sampled_tokens for ep in episodes)
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("t23  completed  reward=") and len(printed) == 2
+
+
+def test_no_engine_answers_503_and_aborts_the_episode(tok) -> None:
+    """Nothing listens at the policy URL (a real refused connection): the agent gets 503."""
+    client = PolicyClient.from_urls("http://127.0.0.1:9", max_attempts=1)
+
+    async def main() -> Any:
+        async with AgentEndpoint(client, tok, EndpointConfig()) as endpoint:
+            opened = await endpoint.open(TASKS[0], "vime/Math-v0")
+            agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+            with pytest.raises(openai.InternalServerError) as err:
+                await agent.chat.completions.create(
+                    model="any", messages=[{"role": "user", "content": opened.prompt}]
+                )
+            return err.value.status_code, await endpoint.close(opened.session_id)
+
+    status, ep = asyncio.run(main())
+    assert status == 503 and ep.status is EpisodeStatus.ABORTED and lost_to_engine(ep)
+    assert ep.reward == 0.0 and ep.num_sampled_tokens == 0
