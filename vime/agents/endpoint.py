@@ -265,11 +265,16 @@ class AgentEndpoint:
         action = live.session.last_action
         if ending is None and action is None:
             ending = Ending(EpisodeStatus.ERROR, "the agent sent no chat request")
+        if action is None or (ending is not None and not ending.status.trainable):
+            assert ending is not None
+            try:
+                async with asyncio.timeout(self.config.env_timeout_s):
+                    return ending, 0.0, await asyncio.to_thread(_finish_env, live.env)
+            except Exception as err:  # the ending stays the agent's or the engine's
+                logger.warning("env close failed: %s: %s", type(err).__name__, err)
+                return ending, 0.0, {}
         try:
             async with asyncio.timeout(self.config.env_timeout_s):
-                if action is None or (ending is not None and not ending.status.trainable):
-                    assert ending is not None
-                    return ending, 0.0, await asyncio.to_thread(_finish_env, live.env)
                 result, metrics = await asyncio.to_thread(_step_env, live.env, action, True)
         except Exception as err:  # EnvError, a timeout: the episode is not trained on
             return Ending(EpisodeStatus.ERROR, f"env error: {type(err).__name__}: {err}"), 0.0, {}
