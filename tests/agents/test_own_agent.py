@@ -186,11 +186,11 @@ def test_an_agent_that_fails_or_hangs_ends_its_episode(vllm_server, tok) -> None
         hung = await endpoint.run(["sleep", "60"], TASKS[1], "vime/Math-v0")
         return crashed, hung, time.perf_counter() - t0
 
-    (crashed, hung, hung_s), _ = with_endpoint(vllm_server.url, tok, fail, agent_timeout_s=1.0)
+    (crashed, hung, hung_s), _ = with_endpoint(vllm_server.url, tok, fail, agent_timeout_s=3.0)
     assert crashed.status is EpisodeStatus.ERROR and not crashed.trainable
     assert crashed.reason == "agent exited with code 1: no key for the tool API"
-    assert hung.status is EpisodeStatus.TRUNCATED and hung.reason == "agent_timeout (1 s)"
-    assert not hung.trainable and hung_s < 10  # the agent was killed, not waited for
+    assert hung.status is EpisodeStatus.TRUNCATED and hung.reason == "agent_timeout (3 s)"
+    assert not hung.trainable and hung_s < 15  # the agent was killed, not waited for
 
 
 def test_cli_plays_the_example_and_writes_its_episodes(vllm_server, tmp_path, capsys) -> None:
