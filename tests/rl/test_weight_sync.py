@@ -28,7 +28,7 @@ class FlakyEngine:
         self.loaded: list[tuple[Path, int]] = []
         self.version: str | None = None
 
-    def update_weights_from_disk(self, path, version):
+    def update_weights_from_disk(self, path, version, *, pause_mode="keep"):
         if self.failures > 0:
             self.failures -= 1
             raise EngineError("503 Service Unavailable")

@@ -194,17 +194,20 @@ class ChatTokens:
     # ------------------------------------------------------------------ appending
 
     def _append(
-        self, ids: list[int], mask: int, logprobs: list[float] | None, version: int
+        self, ids: list[int], mask: int, logprobs: list[float] | None, version: int | list[int]
     ) -> None:
         self.tokens.extend(ids)
         self.loss_mask.extend([mask] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
-        self.weight_versions.extend([version] * len(ids))
+        self.weight_versions.extend(version if isinstance(version, list) else [version] * len(ids))
 
     def add_sampled(
-        self, token_ids: list[int], logprobs: list[float], weight_version: int = -1
+        self, token_ids: list[int], logprobs: list[float], weight_version: int | list[int] = -1
     ) -> str:
         """Append one policy turn verbatim; return its text (the assistant message content).
+
+        ``weight_version`` is the engine's version for the whole turn, or one per token
+        (a turn continued across a weight sync).
 
         The text excludes a final end-of-turn special token (``<|im_end|>``), which the
         template writes itself when the conversation is rendered.
@@ -220,9 +223,11 @@ class ChatTokens:
             >>> chat.loss_mask[-len(ids) :], chat.weight_versions[-len(ids) :]
             ([1, 1, 1], [3, 3, 3])
         """
-        if len(token_ids) != len(logprobs):
+        versions = weight_version if isinstance(weight_version, list) else None
+        if len(token_ids) != len(logprobs) or (versions and len(versions) != len(token_ids)):
             raise TemplateError(
-                f"env {self.env_id!r}: {len(token_ids)} sampled ids but {len(logprobs)} log-probs"
+                f"env {self.env_id!r}: {len(token_ids)} sampled ids but {len(logprobs)} "
+                f"log-probs ({len(versions or token_ids)} weight versions)"
             )
         self._append(list(token_ids), 1, [float(x) for x in logprobs], weight_version)
         ends_on_stop = bool(token_ids) and token_ids[-1] in self._special_ids

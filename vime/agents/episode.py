@@ -300,7 +300,7 @@ class EpisodeRun:
         max_tokens = min(settings.sampling.max_tokens, room)
         out = await self._generate(chat, turn_index, max_tokens)
         t0 = time.perf_counter()
-        text = chat.add_sampled(out.token_ids, out.logprobs, out.weight_version)
+        text = chat.add_sampled(out.token_ids, out.logprobs, out.versions)
         action = self.context.parser(text)
         self.timings["tokenize_s"] += time.perf_counter() - t0
         turn = _turn_record(chat, out, action)

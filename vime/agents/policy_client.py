@@ -61,6 +61,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import aiohttp
@@ -68,6 +69,13 @@ import httpx2
 import openai
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential_jitter
 
+from vime.agents.completion import (
+    Completion,
+    continuation,
+    merge,
+    parse_completion,
+    sync_landed,
+)
 from vime.agents.routing import Router
 from vime.config import require, require_choice
 from vime.errors import EngineError
@@ -114,6 +122,9 @@ class PolicyClientConfig:
     # client; more client CPU per request, see docs/performance.md).
     http_transport: str = "direct"
     top_logprobs: int = 0  # 0: the sampled token's log-prob only
+    # A request aborted by a weight sync (pause mode abort) waits this long for its
+    # engine's new version, then is continued from where it stopped (0: the abort ends it).
+    continue_aborted_s: float = 120.0
 
     def __post_init__(self) -> None:
         require(bool(self.urls), "policy.urls", "give at least one vLLM server URL")
@@ -129,29 +140,7 @@ class PolicyClientConfig:
         require(self.max_connections >= 1, "policy.max_connections", "must be >= 1")
         require_choice(self.http_transport, "policy.http_transport", list(TRANSPORTS))
         require(self.top_logprobs >= 0, "policy.top_logprobs", "must be >= 0")
-
-
-@dataclass
-class Completion:
-    """One sampled turn as the engine returned it.
-
-    Example:
-        >>> Completion([5, 2], [-0.1, -0.2], "stop", 3, "http://h:8000").num_tokens
-        2
-    """
-
-    token_ids: list[int]
-    logprobs: list[float]
-    finish_reason: str  # "stop" | "length" | "abort"
-    weight_version: int
-    server: str
-    stop_reason: int | str | None = None
-    latency_s: float = 0.0
-    attempts: int = 1
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids)
+        require(self.continue_aborted_s >= 0, "policy.continue_aborted_s", "must be >= 0")
 
 
 _CONTEXT_RE = re.compile(r"maximum context length|max_model_len|context length|too long", re.I)
@@ -382,6 +371,26 @@ class PolicyClient:
         """
         if not self._model:
             await self._fetch_model_card()
+        budget = max_tokens if max_tokens is not None else params.max_tokens
+        parts = [await self._generate_once(prompt_ids, params, session, budget)]
+        # Aborted by a weight sync: continue under the new weights (module completion).
+        while parts[-1].finish_reason == "abort" and self.config.continue_aborted_s > 0:
+            ids, left = continuation(prompt_ids, parts, budget)
+            last = parts[-1]
+            wait = self.config.continue_aborted_s
+            if left <= 0 or not await sync_landed(
+                partial(self._router.weight_version, last.server),
+                last.weight_version,
+                partial(self._is_paused, last.server),
+                timeout_s=wait,
+            ):
+                break
+            parts.append(await self._generate_once(ids, params, session, left))
+        return parts[0] if len(parts) == 1 else merge(parts)
+
+    async def _generate_once(
+        self, prompt_ids: list[int], params: SamplingParams, session: str, max_tokens: int
+    ) -> Completion:
         body = self.request_body(prompt_ids, params, max_tokens)
         # No await between picking the server and counting the tokens (in _send): the
         # next session routed sees this request's load.
@@ -440,7 +449,15 @@ class PolicyClient:
             ) from err
         finally:
             self._router.remove_inflight(url, cost)
-        return _parse(data, url, version, time.perf_counter() - start, tries[0])
+        return parse_completion(data, url, version, time.perf_counter() - start, tries[0])
+
+    async def _is_paused(self, url: str) -> bool:
+        """Whether ``url`` is paused (a weight sync in progress); False if it cannot say."""
+        try:
+            async with self._aiohttp_session().get(f"{url}/is_paused") as resp:
+                return bool((await resp.json()).get("is_paused"))
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+            return False
 
     def _mark_down(self, url: str) -> None:
         if self._router.mark_down(url):  # warn once per outage, not per failed request
@@ -559,39 +576,3 @@ def _detail_of(body: Any) -> str:
         if msg:
             return str(msg)
     return body if isinstance(body, str) else ""
-
-
-def _parse(
-    data: dict[str, Any], url: str, version: int, latency: float, attempts: int
-) -> Completion:
-    try:
-        choice = data["choices"][0]
-        token_ids = choice["token_ids"]
-        logprobs = choice["logprobs"]["token_logprobs"]
-    except (KeyError, IndexError, TypeError) as err:
-        raise EngineError(
-            f"{url}: the completion has no token_ids/logprobs ({err!r}); the server must be "
-            "vLLM with return_token_ids support (vLLM >= 0.10)"
-        ) from err
-    if token_ids is None or logprobs is None or len(token_ids) != len(logprobs):
-        raise EngineError(
-            f"{url}: {len(token_ids or [])} token ids but {len(logprobs or [])} log-probs"
-        )
-    if any(lp is None for lp in logprobs):
-        raise EngineError(f"{url}: the engine returned a null log-prob for a sampled token")
-    reported = choice.get("weight_version", data.get("weight_version"))
-    if reported is not None:
-        try:
-            version = int(reported)
-        except (TypeError, ValueError):
-            pass
-    return Completion(
-        token_ids=token_ids,
-        logprobs=logprobs,
-        finish_reason=choice.get("finish_reason") or "stop",
-        weight_version=version,
-        server=url,
-        stop_reason=choice.get("stop_reason"),
-        latency_s=latency,
-        attempts=attempts,
-    )

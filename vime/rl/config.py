@@ -119,6 +119,10 @@ class RolloutConfig:
     (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
     full batch. ``mode=async`` collects step n+1 while step n trains; samples older than
     ``max_staleness`` weight versions are dropped, the rest are corrected by TIS.
+    ``partial_rollouts`` (default): a weight sync that lands while requests are in flight
+    aborts them, and each continues under the new weights from where it stopped, every
+    token keeping the version that sampled it (:mod:`vime.agents.completion`); false:
+    they are frozen and resumed, their tokens recorded with the older version.
 
     Faults (RELIABILITY.md): episodes lost to an unavailable engine (killed, or hung past
     ``request_timeout_s`` per request try) are played again once the engine is back, at
@@ -139,6 +143,7 @@ class RolloutConfig:
     engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
     max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
     request_timeout_s: float = 600.0  # per request try to the engine (a hung engine)
+    partial_rollouts: bool = True  # a sync aborts in-flight requests, which then continue
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(
             n_samples=8,

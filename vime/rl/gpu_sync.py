@@ -129,11 +129,18 @@ class GpuWeightSync(DiskWeightSync):
         attempts: int = 3,
         policy: VersionListener | None = None,
         restart_dead: Callable[[], list[str]] | None = None,
+        pause_mode: str = "keep",
     ) -> None:
         if backend not in BACKENDS:
             raise ConfigError(f"sync: {backend!r} is not one of {list(BACKENDS)}", key="sync")
         super().__init__(
-            group, engines, folder, attempts=attempts, policy=policy, restart_dead=restart_dead
+            group,
+            engines,
+            folder,
+            attempts=attempts,
+            policy=policy,
+            restart_dead=restart_dead,
+            pause_mode=pause_mode,
         )
         self.group = group
         self.targets = list(engines)
@@ -223,7 +230,7 @@ class GpuWeightSync(DiskWeightSync):
         t0 = time.perf_counter()
         done = False
         for engine in self.targets:
-            engine.pause("keep")
+            engine.pause(self.pause_mode)
         t1 = time.perf_counter()
         try:
             for engine in self.targets:
@@ -301,6 +308,7 @@ def build_weight_sync(
     dtype: str = "auto",
     policy: VersionListener | None = None,
     restart_dead: Callable[[], list[str]] | None = None,
+    pause_mode: str = "keep",
 ) -> DiskWeightSync:
     """The weight sync the config's ``sync`` names (``disk``, ``nccl`` or ``ipc``).
 
@@ -309,7 +317,9 @@ def build_weight_sync(
         'DiskWeightSync'
     """
     if method == "disk":
-        return DiskWeightSync(group, engines, folder, policy=policy, restart_dead=restart_dead)
+        return DiskWeightSync(
+            group, engines, folder, policy=policy, restart_dead=restart_dead, pause_mode=pause_mode
+        )
     return GpuWeightSync(
         group,
         engines,
@@ -318,6 +328,7 @@ def build_weight_sync(
         dtype=dtype,
         policy=policy,
         restart_dead=restart_dead,
+        pause_mode=pause_mode,
     )
 
 

@@ -233,6 +233,7 @@ def _engine_clients(
         dtype=cfg.engine.dtype,
         policy=policy,
         restart_dead=group.restart_dead_engines,
+        pause_mode="abort" if cfg.rollout.partial_rollouts else "keep",
     )
     return engines, policy, sync
 

@@ -42,7 +42,9 @@ class WeightTarget(Protocol):
 
     url: str
 
-    def update_weights_from_disk(self, path: str | Path, version: int) -> object: ...
+    def update_weights_from_disk(
+        self, path: str | Path, version: int, *, pause_mode: str = "keep"
+    ) -> object: ...
 
     def get_weight_version(self) -> str | None: ...
 
@@ -83,8 +85,12 @@ class DiskWeightSync:
         keep: int = 1,
         policy: VersionListener | None = None,
         restart_dead: Callable[[], list[str]] | None = None,
+        pause_mode: str = "keep",
     ) -> None:
         self.exporter = exporter
+        # What the engines do with requests in flight while they swap weights: "keep"
+        # freezes them; "abort" ends them and the client continues them (partial rollouts).
+        self.pause_mode = pause_mode
         self.policy = policy
         self.restart_dead = restart_dead
         self.engines = list(engines)
@@ -188,7 +194,7 @@ class DiskWeightSync:
         try:
             for attempt in self._retrying():
                 with attempt:
-                    engine.update_weights_from_disk(path, version)
+                    engine.update_weights_from_disk(path, version, pause_mode=self.pause_mode)
                     reported = engine.get_weight_version()
                     if reported is not None and str(reported) != str(version):
                         raise EngineError(

@@ -1,0 +1,111 @@
+"""Partial rollouts: a weight sync lands while episodes are being sampled.
+
+The sync pauses the real vLLM server with ``mode=abort`` (what the RL loop does with
+``rollout.partial_rollouts``), reloads the weights as a new version and resumes. Each
+in-flight turn must come back whole: the tokens sampled before the sync kept, the rest
+sampled under the new version from where it stopped, each token carrying its version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from vime.agents import Collector, CollectorConfig, PolicyClient
+from vime.engine.client import EngineClient
+from vime.envs import Env
+from vime.types import EpisodeStatus, SamplingParams
+
+pytestmark = pytest.mark.engine
+
+ANSWER_TOKENS = 300
+
+
+class LongAnswerEnv(Env):
+    """One turn: the policy writes ``ANSWER_TOKENS`` tokens (``ignore_eos``), then it ends."""
+
+    env_id = "test/LongAnswer-v0"
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": "Write at length."}], {}
+
+    def step(self, action):
+        return [], 1.0, True, False, {}
+
+
+def generated_tokens(url: str) -> float:
+    """vLLM's own count of the tokens it has sampled (Prometheus ``/metrics``)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    )
+
+
+def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(
+    vllm_server, tiny_model_dir
+) -> None:
+    from transformers import AutoTokenizer
+
+    url = vllm_server.url
+    engine = EngineClient(url)
+    tag = engine.get_weight_version()  # "default" until a sync sets one
+    before = int(tag) if tag and tag.isdigit() else 0
+    policy = PolicyClient.from_urls(url)
+    policy.set_weight_version(url, before)
+    requests: list[dict[str, Any]] = []
+    post = policy._post
+
+    async def recording_post(server: str, body: dict[str, Any]) -> dict[str, Any]:
+        requests.append(body)
+        return await post(server, body)
+
+    policy._post = recording_post  # type: ignore[method-assign]
+    sampling = SamplingParams(max_tokens=ANSWER_TOKENS, extra_body={"ignore_eos": True})
+    collector = Collector(
+        policy,
+        AutoTokenizer.from_pretrained(tiny_model_dir),
+        CollectorConfig(n_samples=2, sampling=sampling, max_model_len=1024, progress=False),
+    )
+    start_count = generated_tokens(url)
+
+    def sync_once_sampling_started() -> None:
+        deadline = time.monotonic() + 120
+        while generated_tokens(url) < start_count + 20 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine.update_weights_from_disk(tiny_model_dir, before + 1, pause_mode="abort")
+        policy.set_weight_version(url, before + 1)
+
+    syncer = threading.Thread(target=sync_once_sampling_started)
+    syncer.start()
+
+    async def run():
+        try:
+            return await collector.collect([{"id": "long"}], LongAnswerEnv)
+        finally:
+            await policy.aclose()
+            collector.close()
+
+    try:
+        episodes = asyncio.run(run())
+    finally:
+        syncer.join()
+        engine.set_weight_version(tag or "default")  # the shared server goes back as it was
+
+    # Not aborted: each turn ran to max_tokens (ignore_eos), which ends it as truncated.
+    assert [e.status for e in episodes] == [EpisodeStatus.TRUNCATED] * 2, episodes[0].reason
+    for episode in episodes:
+        sampled = [v for v, m in zip(episode.weight_versions, episode.loss_mask, strict=True) if m]
+        assert len(sampled) == ANSWER_TOKENS
+        assert sampled == sorted(sampled) and set(sampled) == {before, before + 1}, sampled
+    # Each aborted request is continued with its kept tokens appended to the prompt, and
+    # vLLM sampled exactly the tokens the episodes hold: nothing was sampled twice.
+    assert len(requests) > 2
+    assert generated_tokens(url) - start_count == 2 * ANSWER_TOKENS
