@@ -217,7 +217,7 @@ class AgentSession:
     def reply(self, out: Completion, parse: ToolParser, parser: str, turn: int) -> Message:
         """Append a sampled turn; return the OpenAI assistant message sent to the agent."""
         assert self.chat is not None, "reply() before prepare()"
-        text = self.chat.add_sampled(out.token_ids, out.logprobs, out.weight_version)
+        text = self.chat.add_sampled(out.token_ids, out.logprobs, out.versions)
         action = parse(text)
         self.last_text = text
         message: Message = {"role": "assistant", "content": visible_content(text, action, parser)}

@@ -257,9 +257,9 @@ class Collector:
         A job is (task index, sample index, group id): every task ``n_samples`` times in a
         new group, or just the jobs ``only`` lists (a re-run).
         """
-        factory = _factory(env)
+        factory = env_factory(env)
         for task in tasks:
-            _check_task(task)
+            check_task(task)
         jobs: asyncio.Queue[tuple[int, int, str] | None] = asyncio.Queue()
         for job in only if only is not None else self._jobs(tasks):
             jobs.put_nowait(job)
@@ -365,7 +365,12 @@ class Collector:
         )
 
 
-def _check_task(task: Any) -> None:
+def check_task(task: Any) -> None:
+    """Raise :class:`EnvError` unless ``task`` is a dict with an ``id``.
+
+    Example:
+        >>> check_task({"id": "t1"})
+    """
     if not isinstance(task, dict) or "id" not in task:
         raise EnvError(
             f"collector: every task must be a dict with an 'id' key, got {task!r:.80}; "
@@ -373,7 +378,13 @@ def _check_task(task: Any) -> None:
         )
 
 
-def _factory(env: str | EnvFactory) -> EnvFactory:
+def env_factory(env: str | EnvFactory) -> EnvFactory:
+    """A factory of fresh envs: a registered env id (made with ``vime.make``) or a callable.
+
+    Example:
+        >>> callable(env_factory("vime/Math-v0"))
+        True
+    """
     if isinstance(env, str):
         from vime.envs import make
 

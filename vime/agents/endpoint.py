@@ -45,17 +45,17 @@ from aiohttp import web
 
 from vime.agents.agent_session import AgentSession, ConversationError, completion_body
 from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES
-from vime.agents.collector import _check_task, _factory
+from vime.agents.collector import check_task, env_factory
 from vime.agents.episode import (
     ENGINE_ABORTED,
     ENGINE_UNAVAILABLE,
     Ending,
     EnvFactory,
-    _close_quietly,
-    _finish_env,
-    _start_env,
-    _step_env,
-    _turn_record,
+    close_quietly,
+    finish_env,
+    start_env,
+    step_env,
+    turn_record,
 )
 from vime.agents.policy_client import ContextLengthError, EngineUnavailableError, PolicyClient
 from vime.agents.tool_parsers import PARSERS, get_parser
@@ -219,14 +219,14 @@ class AgentEndpoint:
         self, task: dict[str, Any], env: str | EnvFactory, *, index: int = 0, group: str = ""
     ) -> OpenSession:
         """Build and reset the env for ``task``; a new session for an agent to talk to."""
-        _check_task(task)
+        check_task(task)
         box: list[Any] = []
         try:
             async with asyncio.timeout(self.config.env_timeout_s):
-                messages, _ = await asyncio.to_thread(_start_env, _factory(env), box, None, task)
+                messages, _ = await asyncio.to_thread(start_env, env_factory(env), box, None, task)
         except BaseException:
             if box:
-                asyncio.get_running_loop().run_in_executor(None, _close_quietly, box[0])
+                asyncio.get_running_loop().run_in_executor(None, close_quietly, box[0])
             raise
         sid = uuid.uuid4().hex
         session = AgentSession(
@@ -269,13 +269,13 @@ class AgentEndpoint:
             assert ending is not None
             try:
                 async with asyncio.timeout(self.config.env_timeout_s):
-                    return ending, 0.0, await asyncio.to_thread(_finish_env, live.env)
+                    return ending, 0.0, await asyncio.to_thread(finish_env, live.env)
             except Exception as err:  # the ending stays the agent's or the engine's
                 logger.warning("env close failed: %s: %s", type(err).__name__, err)
                 return ending, 0.0, {}
         try:
             async with asyncio.timeout(self.config.env_timeout_s):
-                result, metrics = await asyncio.to_thread(_step_env, live.env, action, True)
+                result, metrics = await asyncio.to_thread(step_env, live.env, action, True)
         except Exception as err:  # EnvError, a timeout: the episode is not trained on
             return Ending(EpisodeStatus.ERROR, f"env error: {type(err).__name__}: {err}"), 0.0, {}
         terminated = bool(result[2])
@@ -332,7 +332,7 @@ class AgentEndpoint:
         """Drop a session without grading it; its env closes in a thread, unawaited."""
         live = self._sessions.pop(session_id, None)
         if live is not None:
-            asyncio.get_running_loop().run_in_executor(None, _close_quietly, live.env)
+            asyncio.get_running_loop().run_in_executor(None, close_quietly, live.env)
         self.client.release(session_id)
 
     async def _wait(
@@ -406,7 +406,7 @@ class AgentEndpoint:
         prompt_len = len(prompt)
         message = live.session.reply(out, self.parse, self.config.tool_parser, len(live.turns))
         assert live.session.chat is not None and live.session.last_action is not None
-        live.turns.append(_turn_record(live.session.chat, out, live.session.last_action))
+        live.turns.append(turn_record(live.session.chat, out, live.session.last_action))
         if out.finish_reason == "abort":
             self._end(live, EpisodeStatus.ABORTED, ENGINE_ABORTED)
         live.last_reply = completion_body(message, out, self._model, prompt_len)

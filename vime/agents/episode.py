@@ -236,7 +236,7 @@ class EpisodeRun:
             # The consumer stopped (closed stream, shutdown): still release the env (a
             # sandbox container must not leak), without waiting for it.
             if self.env is not None and self.env_metrics is None:
-                self.context.pool.submit(_close_quietly, self.env)
+                self.context.pool.submit(close_quietly, self.env)
             self.context.client.release(self.uid)
             raise
         except BaseException:  # interrupted: finish() will not run, so release here
@@ -271,7 +271,7 @@ class EpisodeRun:
         try:
             seed = self._seed(-1)
             messages, self.timings["reset_s"] = await self._env_call(
-                "reset", _start_env, self.factory, box, seed, self.task
+                "reset", start_env, self.factory, box, seed, self.task
             )
         finally:
             self.env = box[0] if box else None  # built: closed even if reset failed
@@ -303,7 +303,7 @@ class EpisodeRun:
         text = chat.add_sampled(out.token_ids, out.logprobs, out.versions)
         action = self.context.parser(text)
         self.timings["tokenize_s"] += time.perf_counter() - t0
-        turn = _turn_record(chat, out, action)
+        turn = turn_record(chat, out, action)
         self.turns.append(turn)
         if out.finish_reason == "abort":
             raise Ending(EpisodeStatus.ABORTED, ENGINE_ABORTED)
@@ -365,7 +365,7 @@ class EpisodeRun:
             return ([note], 0.0, False, False, {}), None
         t0 = time.perf_counter()
         with TRACE.span("env_step", self.env_id):
-            result, metrics = await self._env_call("step", _step_env, self.env, action, closing)
+            result, metrics = await self._env_call("step", step_env, self.env, action, closing)
         new, reward, terminated, truncated, info = result
         turn.env_step_s = time.perf_counter() - t0
         turn.reward = float(reward)
@@ -423,7 +423,7 @@ class EpisodeRun:
     async def _close_env(self) -> dict[str, float]:
         """Read the env's metrics and close it (one thread trip); neither may fail the episode."""
         try:
-            return dict(await self._env_call("close", _finish_env, self.env))
+            return dict(await self._env_call("close", finish_env, self.env))
         except (Ending, EnvError) as err:
             logger.warning("env episode_metrics()/close() failed: %s", err)
             return {}
@@ -460,7 +460,7 @@ class EpisodeRun:
         )
 
 
-def _turn_record(chat: ChatTokens, out: Completion, action: Action) -> Turn:
+def turn_record(chat: ChatTokens, out: Completion, action: Action) -> Turn:
     """The :class:`Turn` for a sampled completion (already appended to ``chat``)."""
     return Turn(
         prompt_tokens=len(chat.tokens) - out.num_tokens,
@@ -514,7 +514,7 @@ def _finite(x: float) -> bool:
 # ---------------------------------------------------------------------- in a pool thread
 
 
-def _start_env(
+def start_env(
     factory: EnvFactory, box: list[Any], seed: int | None, task: dict[str, Any]
 ) -> tuple[list[Message], float]:
     """(In a pool thread.) Build an env, put it in ``box``, reset it; return (messages, seconds)."""
@@ -528,7 +528,7 @@ def _start_env(
     return messages, time.perf_counter() - t0
 
 
-def _step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, float] | None]:
+def step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, float] | None]:
     """(In a pool thread.) ``env.step``; then, if the episode is over, metrics and close."""
     result = env.step(action)
     if not isinstance(env, EpisodeGuard):  # a raw env: a NaN reward must not become 0.0
@@ -536,13 +536,13 @@ def _step_env(env: Any, action: Action, closing: bool) -> tuple[Any, dict[str, f
     if not (closing or result[2] or result[3]):
         return result, None
     try:
-        return result, _finish_env(env)
+        return result, finish_env(env)
     except Exception as err:  # the step's result must not be lost to a failing close()
         logger.warning("env close() failed: %s", err)
         return result, {}
 
 
-def _close_quietly(env: Any) -> None:
+def close_quietly(env: Any) -> None:
     """(In a pool thread.) Close an env whose episode was cancelled."""
     try:
         env.close()
@@ -550,7 +550,7 @@ def _close_quietly(env: Any) -> None:
         logger.warning("env close() after cancellation failed: %s", err)
 
 
-def _finish_env(env: Any) -> dict[str, float]:
+def finish_env(env: Any) -> dict[str, float]:
     """(In a pool thread.) The env's episode metrics, then close it."""
     metrics: dict[str, float] = {}
     try:
