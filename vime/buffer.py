@@ -134,7 +134,7 @@ class DataBuffer:
                 view = view[written:]
             os.fsync(fd)
             if is_new:
-                _fsync_dir(self.dir)  # the new file's name must survive a crash too
+                fsync_dir(self.dir)  # the new file's name must survive a crash too
         except OSError as err:
             # Not acknowledged: cut the partial lines now (it also gives the space back),
             # or the next append would glue its first line onto a torn one.
@@ -313,7 +313,13 @@ class DataBuffer:
                     ) from err
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """fsync a folder, so that the names created or renamed in it survive a crash.
+
+    Example:
+        >>> import tempfile
+        >>> fsync_dir(Path(tempfile.gettempdir()))
+    """
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vime.buffer import fsync_dir
 from vime.errors import ConfigError
 
 
@@ -170,15 +171,6 @@ def publish(partial: Path, final: Path) -> Path:
     os.replace(partial, final)
     fsync_dir(final.parent)
     return final
-
-
-def fsync_dir(path: Path) -> None:
-    """fsync a folder, so that the names created or renamed in it survive a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def write_state(checkpoint: Path, state: dict[str, Any]) -> None:
