@@ -6,6 +6,11 @@
 3. Episodes per minute for a 5-exec episode (acquire, 5 commands, release with reset) at
    1, 8 and 32 concurrent sandboxes.
 4. How far past its limit a timed-out ``exec`` returns (the process tree is killed).
+5. vime/SWE-v0 as envs run it: episode start (``reset`` + the first ``bash`` call: the
+   lease, the repository set up, the command) with pooled sandboxes (the default) vs a
+   cold container per episode (``sandbox.pool=false``), and whole SWE episodes per
+   minute (start, run the tests, apply the fix, submit, graded by the hidden tests in a
+   second sandbox) at 1, 8 and 32 concurrent episodes, pooled.
 
 Usage (dockerd from scripts/dockerd.sh; the base image is built if missing):
 
@@ -20,8 +25,11 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import vime
 from vime.sandbox import DockerSandbox, SandboxConfig, SandboxPool, build_base_image
 from vime.sandbox.client import docker_client
+from vime.sandbox.leases import close_pools
+from vime.types import Action, ToolCall
 
 RUN_ID = "bench-sandbox"
 EPISODE = [
@@ -148,6 +156,77 @@ def bench_timeout(cfg: SandboxConfig, n: int, limit: float = 0.5) -> None:
     )
 
 
+def _swe_episode(env: object, task: dict, seed: int, full: bool) -> float:
+    """Play one SWE episode with fixed actions; returns the start time (reset + first
+    call). With ``full`` it also runs the tests, applies the task's fix and submits."""
+
+    def act(*calls: ToolCall) -> Action:
+        return Action(text="", tool_calls=list(calls))
+
+    t0 = time.perf_counter()
+    env.reset(seed=seed, options={"task": task})  # type: ignore[attr-defined]
+    out = env.step(act(ToolCall("bash", {"command": "ls"})))  # type: ignore[attr-defined]
+    start = time.perf_counter() - t0
+    assert out[0][0]["content"].startswith("exit code 0"), out[0][0]["content"][:300]
+    if full:
+        env.step(act(ToolCall("bash", {"command": "python3 -m unittest -q 2>&1 | tail -1"})))  # type: ignore[attr-defined]
+        fix = [
+            ToolCall("str_replace", {"path": p, "old_str": o, "new_str": n})
+            for p, o, n in task["solution"]
+        ]
+        env.step(act(*fix))  # type: ignore[attr-defined]
+        reward = env.step(act(ToolCall("submit", {})))[1]  # type: ignore[attr-defined]
+        assert reward == 1.0, f"{task['id']}: the fix was not graded 1"
+    env.close()  # type: ignore[attr-defined]
+    return start
+
+
+def bench_swe(cfg: SandboxConfig, levels: list[int], n_start: int) -> None:
+    from vime.suites.swe.tasks import load_bundled
+
+    tasks = load_bundled()
+    swe_cfg = dict(memory="512m", timeout=60.0, env={"HOME": "/tmp"}, run_id=RUN_ID)
+    starts: dict[bool, list[float]] = {}
+    for pooled in (False, True):
+        sandbox = SandboxConfig(image=cfg.image, pool=pooled, **swe_cfg)  # type: ignore[arg-type]
+        env = vime.make("vime/SWE-v0", sandbox=sandbox)
+        _swe_episode(env, tasks[0], 0, full=False)  # warm: the pool starts, caches fill
+        starts[pooled] = [
+            _swe_episode(env, tasks[i % len(tasks)], i, full=False) for i in range(n_start)
+        ]
+    close_pools()
+    cold, warm = statistics.median(starts[False]), statistics.median(starts[True])
+    print("5. vime/SWE-v0 (bundled tasks), pooled sandboxes vs a cold container per episode")
+    print(
+        f"   episode start (reset + first bash call), medians of {n_start}: cold {ms(cold)}  "
+        f"pooled {ms(warm)}  => {cold / warm:.1f}x faster pooled"
+    )
+    for conc in levels:
+        sandbox = SandboxConfig(image=cfg.image, pool_max=2 * conc, **swe_cfg)  # type: ignore[arg-type]
+        # Untimed: the pool starts (grows to this concurrency) and the repository caches fill.
+        _swe_round(sandbox, tasks, conc, conc, full=False)
+        total = max(8, conc)
+        t0 = time.perf_counter()
+        _swe_round(sandbox, tasks, total, conc, full=True)
+        wall = time.perf_counter() - t0
+        close_pools()
+        print(
+            f"   {conc:3d} concurrent: {total / wall * 60:8.1f} SWE episodes/min  "
+            f"({total} graded episodes in {wall:.1f} s)"
+        )
+
+
+def _swe_round(sandbox: SandboxConfig, tasks: list, n: int, conc: int, full: bool) -> None:
+    """``n`` SWE episodes, ``conc`` at a time, each with its own env."""
+
+    def one(i: int) -> float:
+        env = vime.make("vime/SWE-v0", sandbox=sandbox)
+        return _swe_episode(env, tasks[i % len(tasks)], i, full=full)
+
+    with ThreadPoolExecutor(max_workers=conc) as ex:
+        list(ex.map(one, range(n)))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -157,13 +236,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--exec", type=int, default=60, help="exec samples per command")
     parser.add_argument("--levels", default="1,8,32", help="concurrency levels")
     parser.add_argument("--episodes-per-slot", type=int, default=4)
+    parser.add_argument("--swe-starts", type=int, default=10, help="SWE starts per mode")
+    parser.add_argument("--only-swe", action="store_true", help="run section 5 alone")
     args = parser.parse_args(argv)
     cfg = SandboxConfig(image=build_base_image(), run_id=RUN_ID)
     print(f"image {cfg.image} on {cfg.hosts()[0]}")
+    levels = [int(x) for x in args.levels.split(",")]
+    if args.only_swe:
+        bench_swe(cfg, levels, args.swe_starts)
+        return 0
     bench_acquire(cfg, args.cold, args.acquire)
     bench_exec(cfg, args.exec)
-    bench_episodes(cfg, [int(x) for x in args.levels.split(",")], args.episodes_per_slot)
+    bench_episodes(cfg, levels, args.episodes_per_slot)
     bench_timeout(cfg, 15)
+    bench_swe(cfg, levels, args.swe_starts)
     return 0
 
 
