@@ -74,8 +74,8 @@ def test_pool_replaces_an_idle_sandbox_whose_container_died(sandbox_config):
 
 
 def test_pool_threads_and_two_hosts(sandbox_config, docker_host, tmp_path):
-    # A second DOCKER_HOST URL for the same daemon (a symlink to its socket) stands in
-    # for a second machine: sandboxes must be spread evenly over both.
+    # Two URLs of one daemon (a symlink to its socket): the pool's bookkeeping per host
+    # URL and its threads. Two real daemons, one dying: tests/faults/test_sandbox_hosts.py.
     link = tmp_path / "second.sock"
     os.symlink(docker_host.removeprefix("unix://"), link)
     hosts = [docker_host, f"unix://{link}"]
