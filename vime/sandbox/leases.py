@@ -5,21 +5,26 @@ the per-step sandbox figures the RL loop records.
 process's :class:`~vime.sandbox.SandboxPool` of that config (one pool per image and
 limits, made on first use: ``pool_warm`` started up front, growing to ``pool_max``,
 spread over ``docker_hosts``); ``Lease.close()`` gives it back, to be wiped and reused.
+Per set of limits, at most :data:`MAX_IMAGES` images keep a warm pool
+(:class:`~vime.sandbox.ImagePools`: the least recently used idle one is closed), so a
+suite of many task images does not keep containers of every image.
 With ``SandboxConfig.pool`` off the lease is a cold container, removed on close.
 
 Every lease and exec is counted; :func:`take_figures` returns the counts since its last
 call (``sandbox/acquire_s``, ``sandbox/exec_s``, ``sandbox/failures``, ``sandbox/hosts``,
 ``sandbox/leases/<host>`` ...), and the RL loop's recorder adds them to each step's row.
 
-Example:
-    >>> sorted(take_figures())
-    []
+Example (the second call: nothing leased since the first):
+    >>> _ = take_figures()
+    >>> take_figures()
+    {}
 """
 
 from __future__ import annotations
 
 import atexit
 import collections
+import dataclasses
 import re
 import threading
 import time
@@ -31,12 +36,14 @@ from vime.observability.step_metrics import STEP_SOURCES
 from vime.sandbox.base import ExecResult
 from vime.sandbox.config import SandboxConfig
 from vime.sandbox.docker import DockerSandbox
-from vime.sandbox.pool import SandboxPool
+from vime.sandbox.pool import ImagePools, SandboxPool
 
 # Seconds an episode waits for a sandbox when its pool is at pool_max (all leased).
 ACQUIRE_TIMEOUT_S = 600.0
+# Images with a warm pool at once, per set of limits (SWE suites bring one image a task).
+MAX_IMAGES = 8
 
-_pools: dict[str, SandboxPool] = {}
+_pools: dict[str, ImagePools] = {}
 _pools_lock = threading.Lock()
 
 
@@ -163,12 +170,26 @@ def pool_for(config: SandboxConfig) -> SandboxPool:
         >>> pool_for(SandboxConfig()).stats()["per_host"]  # doctest: +SKIP
         {'unix:///work/main/.run/docker/docker.sock': 2}
     """
-    key = repr(config)
+    limits = dataclasses.replace(config, image="")
     with _pools_lock:
-        pool = _pools.get(key)
-        if pool is None:
-            pool = _pools[key] = SandboxPool(config, size=config.pool_max, warm=config.pool_warm)
-        return pool
+        pools = _pools.get(repr(limits))
+        if pools is None:
+            pools = _pools[repr(limits)] = ImagePools(
+                limits, size_per_image=config.pool_max, max_images=MAX_IMAGES, warm=config.pool_warm
+            )
+    return pools.pool(config.image)
+
+
+def _acquire(config: SandboxConfig, timeout: float) -> tuple[SandboxPool, DockerSandbox]:
+    while True:
+        pool = pool_for(config)
+        try:
+            return pool, pool.acquire(timeout)
+        except SandboxError:
+            # Closed between pool_for and acquire (an idle pool evicted for another
+            # image): take the image's new pool.
+            if not pool.closed or not _pools:
+                raise
 
 
 def lease(config: SandboxConfig, timeout: float = ACQUIRE_TIMEOUT_S) -> Lease:
@@ -181,8 +202,7 @@ def lease(config: SandboxConfig, timeout: float = ACQUIRE_TIMEOUT_S) -> Lease:
     t0 = time.perf_counter()
     try:
         if config.pool:
-            pool: SandboxPool | None = pool_for(config)
-            sandbox = pool.acquire(timeout)  # type: ignore[union-attr]
+            pool, sandbox = _acquire(config, timeout)
         else:
             pool, sandbox = None, DockerSandbox(config)
     except SandboxError:

@@ -420,6 +420,11 @@ class SandboxPool:
         self.close()
 
     @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called."""
+        return self._closed
+
+    @property
     def in_use(self) -> int:
         """How many sandboxes are leased right now."""
         with self._cond:
@@ -430,7 +435,8 @@ class ImagePools:
     """One warm :class:`SandboxPool` per image, made on first use (task images differ).
 
     At most ``max_images`` pools stay warm; past that, the least recently used pool with
-    nothing leased is closed.
+    nothing leased is closed. ``warm``: sandboxes each pool starts up front (default:
+    all ``size_per_image``; fewer, and a pool grows on demand).
 
     Example (skipped as a doctest: it needs a running dockerd):
         >>> pools = ImagePools(SandboxConfig(), size_per_image=2)  # doctest: +SKIP
@@ -439,13 +445,18 @@ class ImagePools:
     """
 
     def __init__(
-        self, config: SandboxConfig | None = None, size_per_image: int = 2, max_images: int = 8
+        self,
+        config: SandboxConfig | None = None,
+        size_per_image: int = 2,
+        max_images: int = 8,
+        warm: int | None = None,
     ) -> None:
         require(size_per_image >= 1, "pool.size_per_image", f"must be >= 1, got {size_per_image}")
         require(max_images >= 1, "pool.max_images", f"must be >= 1, got {max_images}")
         self.config = config or SandboxConfig()
         self.size_per_image = size_per_image
         self.max_images = max_images
+        self.warm = warm
         self._pools: collections.OrderedDict[str, SandboxPool] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._closed = False
@@ -466,7 +477,9 @@ class ImagePools:
             pool = self._pools.get(image)
             if pool is None:
                 cfg = dataclasses.replace(self.config, image=image)
-                pool = self._pools[image] = SandboxPool(cfg, size=self.size_per_image)
+                pool = self._pools[image] = SandboxPool(
+                    cfg, size=self.size_per_image, warm=self.warm
+                )
             self._pools.move_to_end(image)
             for name in list(self._pools):
                 if len(self._pools) <= self.max_images:
