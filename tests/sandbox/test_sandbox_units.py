@@ -29,11 +29,15 @@ def test_config_defaults_are_safe_and_errors_name_the_field():
         ({"pids_limit": 3}, "sandbox.pids_limit"),
         ({"workspace": "/"}, "sandbox.workspace"),
         ({"docker_hosts": ["myhost:2375"]}, "sandbox.docker_hosts"),
+        ({"pool_max": 0}, "sandbox.pool_max"),
+        ({"pool_warm": 5, "pool_max": 4}, "sandbox.pool_warm"),
+        ({"per_host_limit": -1}, "sandbox.per_host_limit"),
     ]:
         with pytest.raises(ConfigError) as info:
             SandboxConfig(**bad)
         assert info.value.key == key and key in str(info.value)
     assert apply_overrides(cfg, ["memory=1g", "cpus=2"]).memory_bytes == 1024**3
+    assert apply_overrides(cfg, ["pool=false"]).pool is False
     assert parse_size("65536") == 65536 and parse_size("2k") == 2048
 
 
