@@ -69,6 +69,17 @@ def test_check_env_passes():
     ]
 
 
+def test_tools_option_offers_a_subset_and_names_a_bad_one():
+    from vime.errors import ConfigError
+
+    assert [t["function"]["name"] for t in SWEEnv(tools=["bash", "submit"]).tools or []] == [
+        "bash",
+        "submit",
+    ]
+    with pytest.raises(ConfigError, match=r"swe\.tools: unknown tool\(s\) \['bsh'\]"):
+        SWEEnv(tools=["bsh"])
+
+
 @pytest.mark.docker
 def test_correct_fix_gets_1_wrong_fix_gets_0(docker_host):
     tag = uuid.uuid4().hex[:12]
