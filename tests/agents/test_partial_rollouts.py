@@ -68,7 +68,10 @@ def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(
         return await post(server, body)
 
     policy._post = recording_post  # type: ignore[method-assign]
-    sampling = SamplingParams(max_tokens=ANSWER_TOKENS, extra_body={"ignore_eos": True})
+    # Letters only (vLLM structured output): the random model can sample no stop token,
+    # so every turn runs to max_tokens whatever its weights.
+    letters = {"ignore_eos": True, "structured_outputs": {"regex": "[a-z]{2000}"}}
+    sampling = SamplingParams(max_tokens=ANSWER_TOKENS, extra_body=letters)
     collector = Collector(
         policy,
         AutoTokenizer.from_pretrained(tiny_model_dir),
@@ -99,8 +102,8 @@ def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(
         syncer.join()
         engine.set_weight_version(tag or "default")  # the shared server goes back as it was
 
-    # Not aborted: each turn ran to max_tokens (ignore_eos), which ends it as truncated.
-    assert [e.status for e in episodes] == [EpisodeStatus.TRUNCATED] * 2, episodes[0].reason
+    # Not aborted: the env got each whole turn and ended the episode.
+    assert [e.status for e in episodes] == [EpisodeStatus.COMPLETED] * 2, episodes[0].reason
     for episode in episodes:
         sampled = [v for v, m in zip(episode.weight_versions, episode.loss_mask, strict=True) if m]
         assert len(sampled) == ANSWER_TOKENS
@@ -108,4 +111,7 @@ def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(
     # Each aborted request is continued with its kept tokens appended to the prompt, and
     # vLLM sampled exactly the tokens the episodes hold: nothing was sampled twice.
     assert len(requests) > 2
+    for body in requests[2:]:  # continuations: the kept tokens in the prompt, the rest to go
+        kept = len(body["prompt"]) - episodes[0].prompt_len
+        assert kept > 0 and body["max_tokens"] == ANSWER_TOKENS - kept
     assert generated_tokens(url) - start_count == 2 * ANSWER_TOKENS

@@ -137,7 +137,14 @@ def test_a_crashed_env_and_a_killed_sandbox_are_rows_and_the_suite_completes(
                 "kwargs": {
                     "tools": ["python", "submit"],
                     "max_turns": 2,
-                    "sandbox": {"memory": "256m", "timeout": 60, "labels": {"vime.test": tag}},
+                    # One container per episode (no warm pool), so that the one the
+                    # killer finds is the one running the call.
+                    "sandbox": {
+                        "memory": "256m",
+                        "timeout": 60,
+                        "pool": False,
+                        "labels": {"vime.test": tag},
+                    },
                 },
                 "collector": {
                     "max_model_len": 1024,

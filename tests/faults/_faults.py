@@ -158,15 +158,24 @@ def descendants(root: int) -> dict[int, int]:
     return found
 
 
-def still_running(procs: dict[int, int]) -> list[str]:
-    """Those of ``procs`` (pid -> start time) still alive (zombies count as gone)."""
-    alive = []
-    for pid, start in procs.items():
-        stat = _stat(pid)
-        if stat is not None and stat[2] == start and stat[1] != "Z":
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
-            alive.append(f"{pid}: {cmd.decode(errors='replace')}")
-    return alive
+def still_running(procs: dict[int, int], grace_s: float = 10.0) -> list[str]:
+    """Those of ``procs`` (pid -> start time) still alive after ``grace_s`` (zombies count
+    as gone). A SIGKILLed process takes a moment to exit (its memory is released first,
+    its cmdline already empty): only one still there after the grace is a leak."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        alive = []
+        for pid, start in procs.items():
+            stat = _stat(pid)
+            if stat is not None and stat[2] == start and stat[1] != "Z":
+                try:
+                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")[:120]
+                except OSError:  # gone between the two reads
+                    continue
+                alive.append(f"{pid}: {cmd.decode(errors='replace')}")
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.2)
 
 
 def expected_draws(args: list[str], steps: int) -> list[list[str]]:

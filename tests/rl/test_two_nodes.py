@@ -157,7 +157,11 @@ def test_two_nodes_train_math_with_tp2_across_them_and_an_engine_on_each(
     steps = [r for r in rows if r.get("step", 0) >= 1]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert steps[-1]["weight_version"] == 3  # both engines report v3 (the oldest one counts)
-    for row in steps:
+    # A step whose groups all had equal rewards (filtered out) trains on nothing and has no
+    # train/ figures; with 8 groups of the tiny model that happens now and then.
+    trained = [r for r in steps if "train/train_rollout_logprob_abs_diff" in r]
+    assert trained, steps
+    for row in trained:
         # float32 on both engines and both trainer ranks: the gap stays at rounding level.
         assert row["train/train_rollout_logprob_abs_diff"] <= 1e-6, row
     buffer = DataBuffer(runs[0], readonly=True)

@@ -13,6 +13,7 @@ import pytest
 
 import vime
 from vime.sandbox import SandboxConfig, build_base_image, build_layered_image
+from vime.sandbox.leases import close_pools
 from vime.suites.swe.grading import _parse_pytest, touched_paths
 from vime.suites.swe.tasks import SWETask, load_bundled
 from vime.types import Action, ToolCall
@@ -75,6 +76,7 @@ def test_image_task_fix_and_tamper(image_task):
     env.close()
     import docker
 
+    close_pools()  # warm pooled sandboxes live until their pool is closed
     assert docker.from_env().containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
 
 

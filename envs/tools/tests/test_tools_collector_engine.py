@@ -18,6 +18,7 @@ import pytest
 import vime
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.sandbox import SandboxConfig
+from vime.sandbox.leases import close_pools
 from vime.suites.tools.tasks import load_tasks
 from vime.types import EpisodeStatus, SamplingParams
 
@@ -96,4 +97,5 @@ def test_tools_env_through_collector_with_tiny_model(vllm_server, docker_host):
             assert ep.metrics["turns"] == len(ep.turns), summary
     # The env really ran the sampled calls: tools were called, some of them wrongly.
     assert sum(ep.metrics.get("tool_calls", 0.0) for ep in episodes) > 0, summary
+    close_pools()  # warm pooled sandboxes live until their pool is closed
     assert docker.from_env().containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
