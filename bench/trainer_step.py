@@ -14,12 +14,12 @@ limits another's:
 - ``hf``: plain transformers (SDPA attention), float32 weights under
   ``torch.autocast(bfloat16)`` on a GPU, dense fp32 log-softmax, the same token-mean
   policy-gradient loss as vime, ``torch.optim.AdamW(fused=True)``;
-- ``vime_padded``: vime with ``pack_sequences=False`` (right-padded micro-batches).
+- ``vime_packed``: vime with ``pack_sequences=True`` (no padding; vime pads by default).
 
 ``--vime-opts key=value ...`` sets ``TrainerConfig`` fields of both vime loops (e.g.
 ``logprob_recompute=false recompute=full``). ``--varied`` draws row lengths uniformly from
 ``[seq/4, seq]`` (RL batches are never of one length): then only the vime loops run, and the
-ratio printed is packed / padded. tok/s always counts the batch's real tokens.
+ratio printed is vime (padded) / vime_packed. tok/s always counts the batch's real tokens.
 
 Printed per loop and micro-batch size: tokens per second (every token of the batch is
 trained on), ms per step, peak memory and MFU = 6·N·T / step time against the matmul
@@ -74,7 +74,7 @@ SIZES: dict[str, dict[str, Any]] = {
         vocab_size=1024,
     ),
 }
-LOOPS = ("vime", "megatron", "hf", "vime_padded")
+LOOPS = ("vime", "megatron", "hf", "vime_packed")
 
 
 def build_model(size: str, folder: Path, dtype: str) -> Path:
@@ -289,15 +289,15 @@ def hf_loop(folder: Path, rows: list[list[int]], dtype: str):
     return step, sum(p.numel() for p in model.parameters())
 
 
-def vime_padded_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: Any):
-    return vime_loop(folder, rows, dtype, **{**opts, "pack_sequences": False})
+def vime_packed_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: Any):
+    return vime_loop(folder, rows, dtype, **{**opts, "pack_sequences": True})
 
 
 BUILDERS = {
     "vime": vime_loop,
     "megatron": megatron_loop,
     "hf": hf_loop,
-    "vime_padded": vime_padded_loop,
+    "vime_packed": vime_packed_loop,
 }
 
 
@@ -413,7 +413,7 @@ def main() -> None:
         return
     if args.varied:
         # Plain loops train equal-length rows; with varied lengths only vime's two layouts compare.
-        args.loops = ["vime", "vime_padded"]
+        args.loops = ["vime", "vime_packed"]
 
     if not cuda:
         torch.set_num_threads(1)
@@ -458,7 +458,7 @@ def main() -> None:
         )
     for per_micro in args.rows:
         vime = by_key.get(("vime", per_micro))
-        for other in ("megatron", "hf", "vime_padded"):
+        for other in ("megatron", "hf", "vime_packed"):
             base = by_key.get((other, per_micro))
             if vime and base:
                 print(

@@ -49,7 +49,11 @@ def test_train_step_is_packing_invariant_reports_metrics_and_learns(hf_checkpoin
     many = Trainer(
         folder,
         TrainerConfig(
-            micro_batch_tokens=30, logprob_chunk_tokens=8, logprob_recompute=False, **cfg
+            micro_batch_tokens=30,
+            logprob_chunk_tokens=8,
+            logprob_recompute=False,
+            pack_sequences=True,
+            **cfg,
         ),
     )
     padded = Trainer(
@@ -181,7 +185,7 @@ def test_bf16_checkpoint_survives_sigkill_and_resumes_the_same_losses(
 def test_activation_recompute_gives_the_same_step(recompute, hf_checkpoints, dist1):
     folder = hf_checkpoints["qwen3"]
     samples = random_samples(4, 250, seed=5)
-    cfg = dict(lr=1e-3, micro_batch_tokens=40)
+    cfg = dict(lr=1e-3, micro_batch_tokens=40, pack_sequences=True)
     plain = Trainer(folder, TrainerConfig(**cfg)).train_step(samples)
     again = Trainer(folder, TrainerConfig(recompute=recompute, **cfg)).train_step(samples)
     for key in ("loss", "grad_norm", "entropy"):
@@ -190,5 +194,5 @@ def test_activation_recompute_gives_the_same_step(recompute, hf_checkpoints, dis
 
 def test_packing_with_megatron_attention_fails_at_start_naming_both_keys():
     with pytest.raises(Exception, match=r"trainer\.pack_sequences.*trainer\.attention=sdpa"):
-        TrainerConfig(attention="megatron")
+        TrainerConfig(attention="megatron", pack_sequences=True)
     assert TrainerConfig(attention="megatron", pack_sequences=False).attention == "megatron"
