@@ -70,7 +70,9 @@ def test_protocol_and_result_helpers():
 
 
 def test_base_image_tag_is_a_content_hash_of_the_recipe():
-    assert base_image_tag() == base_image_tag(BaseImageRecipe(include=("git", "python3")))
+    assert base_image_tag() == base_image_tag(
+        BaseImageRecipe(include=("git", "python3-pytest", "python3"))
+    )
     assert base_image_tag() != base_image_tag(BaseImageRecipe(include=("python3",)))
     with pytest.raises(ConfigError, match=r"recipe\.include"):
         BaseImageRecipe(include=("bad name",))

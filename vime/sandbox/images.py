@@ -48,8 +48,9 @@ class BaseImageRecipe:
 
     suite: str = "bookworm"
     variant: str = "minbase"
-    # python3 runs agents' code and tests; git lets SWE tasks diff and reset a repo.
-    include: tuple[str, ...] = ("python3", "git")
+    # python3 runs agents' code and tests; git lets SWE tasks diff and reset a repo;
+    # python3-pytest runs the bundled SWE repositories whose suites are pytest suites.
+    include: tuple[str, ...] = ("python3", "git", "python3-pytest")
     # None: the first Debian mirror configured for apt on this machine (it is reachable
     # where apt works), else deb.debian.org.
     mirror: str | None = None
