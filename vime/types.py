@@ -190,6 +190,9 @@ class Episode:
     metadata: dict[str, Any] = field(default_factory=dict)
     # Unique id of this episode: the DataBuffer de-duplicates on it.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Where each training sample starts in tokens: [] or [0] is one sample; more when
+    # collector.sample_per_turn cut the episode into turns (vime.agents.turn_samples).
+    sample_starts: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.status = EpisodeStatus(self.status)
@@ -209,6 +212,8 @@ class Episode:
             )
         if any(m not in (0, 1) for m in self.loss_mask):
             raise ValueError(f"Episode {self.task_id!r}: loss_mask must hold only 0 and 1")
+        if any(not 0 <= s < max(n, 1) for s in self.sample_starts):
+            raise ValueError(f"Episode {self.task_id!r}: sample_starts must lie in [0, {n})")
         if not math.isfinite(self.reward):
             raise ValueError(f"Episode {self.task_id!r}: reward must be finite, got {self.reward}")
 
@@ -278,15 +283,21 @@ class Sample:
         return sum(self.loss_mask)
 
     @classmethod
-    def from_episode(cls, ep: Episode, advantage: float) -> Sample:
-        """The training sample for ``ep`` with its (group-normalised) advantage."""
+    def from_episode(
+        cls, ep: Episode, advantage: float, span: tuple[int, int] | None = None
+    ) -> Sample:
+        """The training sample for ``ep`` with its (group-normalised) advantage; ``span``:
+        only ``ep.tokens[start:end]`` (one of its per-turn samples)."""
+        a, b = span or (0, len(ep.tokens))
+        mask = ep.loss_mask[a:b]
+        versions = [v for v, m in zip(ep.weight_versions[a:b], mask, strict=True) if m]
         return cls(
-            tokens=list(ep.tokens),
-            loss_mask=list(ep.loss_mask),
-            rollout_logprobs=list(ep.rollout_logprobs),
+            tokens=ep.tokens[a:b],
+            loss_mask=list(mask),
+            rollout_logprobs=ep.rollout_logprobs[a:b],
             advantage=advantage,
             reward=ep.reward,
-            weight_version=ep.min_weight_version,
+            weight_version=min(versions) if versions else -1,
             group_id=ep.group_id,
             metadata={"task_id": ep.task_id, "env_id": ep.env_id, "status": ep.status.value},
         )

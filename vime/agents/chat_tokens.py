@@ -83,6 +83,7 @@ class ChatTokens:
         weight_versions: engine weight version for sampled tokens, -1 elsewhere.
         messages: the conversation as rendered (assistant turns as raw text).
         prompt_len: number of tokens of the opening render.
+        sample_starts: where each training sample starts in ``tokens`` (``[0]`` here).
         mismatches: one message per template violation seen (empty when append-only).
 
     Example:
@@ -129,6 +130,9 @@ class ChatTokens:
         )
         # After a mismatch in keep_history mode, renders of the full history are useless.
         self._delta_mode = False
+        # Where each training sample starts in ``tokens``; [0]: the episode is one sample
+        # (vime.agents.turn_samples starts one per turn the template re-renders).
+        self.sample_starts: list[int] = [0]
 
         text = self.render(self.messages, add_generation_prompt=True)
         ids = list(prompt_ids) if prompt_ids is not None else self.encode(text)
@@ -296,6 +300,19 @@ class ChatTokens:
             self._text = text
         self._turn_open = False
         self._text_before_stop = None
+
+    @property
+    def request(self) -> list[int]:
+        """The ids the next turn is sampled from: here, every token so far.
+
+        Example:
+            >>> from transformers import AutoTokenizer
+            >>> from vime.models.tiny import build_tiny_model
+            >>> chat = ChatTokens(AutoTokenizer.from_pretrained(build_tiny_model()), [{"role": "user", "content": "Hi"}])
+            >>> chat.request == chat.tokens
+            True
+        """
+        return self.tokens
 
     @property
     def text(self) -> str:

@@ -119,6 +119,9 @@ class CollectorConfig:
     tool_parser: str = "hermes"  # see vime.agents.tool_parsers.PARSERS
     tool_parse_errors: str = "observe"  # "observe" | "env"
     on_template_mismatch: str = "keep_history"  # "keep_history" | "restart_context" | "error"
+    # Each turn's request is the template's own render; a template that rewrites history
+    # (Qwen3) makes several training samples per episode (vime.agents.turn_samples).
+    sample_per_turn: bool = False
     truncate_on_max_tokens: bool = True
     seed: int | None = None  # set: env seeds and per-request sampling seeds are derived from it
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -146,6 +149,12 @@ class CollectorConfig:
         require_choice(self.tool_parse_errors, "collector.tool_parse_errors", ["observe", "env"])
         require_choice(
             self.on_template_mismatch, "collector.on_template_mismatch", TEMPLATE_MISMATCH_MODES
+        )
+        require(
+            not self.sample_per_turn or self.on_template_mismatch == "keep_history",
+            "collector.on_template_mismatch",
+            "has no effect with collector.sample_per_turn=true (every request is the "
+            "template's own render, so nothing can mismatch); leave it at keep_history",
         )
 
 

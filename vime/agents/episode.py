@@ -43,6 +43,7 @@ from vime.agents.policy_client import (
     PolicyClient,
 )
 from vime.agents.tool_parsers import ToolParser
+from vime.agents.turn_samples import TurnChatTokens
 from vime.envs.contract import validate_reset_result, validate_step_result
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import EngineError, EnvError, TemplateError
@@ -127,6 +128,7 @@ class EpisodeSettings(Protocol):
     env_timeout_s: float
     tool_parse_errors: str
     on_template_mismatch: str
+    sample_per_turn: bool  # each turn's request is the template's render (turn_samples)
     truncate_on_max_tokens: bool
     seed: int | None
     chat_template_kwargs: dict[str, Any]
@@ -279,7 +281,8 @@ class EpisodeRun:
         settings = self.context.settings
         self.max_turns = _turn_limit(self.env, self.env_id, settings.max_turns)
         t0 = time.perf_counter()
-        self.chat = ChatTokens(
+        chat_class = TurnChatTokens if settings.sample_per_turn else ChatTokens
+        self.chat = chat_class(
             self.context.tokenizer,
             messages,
             tools=getattr(self.env, "tools", None),
@@ -294,7 +297,7 @@ class EpisodeRun:
         turn_index = len(self.turns)  # each earlier turn appended one (or ended the episode)
         if self.context.abort.is_set():
             raise Ending(EpisodeStatus.ABORTED, "aborted by the caller")
-        room = self.context.budget - len(chat.tokens)
+        room = self.context.budget - len(chat.request)
         if room <= 0:
             raise Ending(EpisodeStatus.TRUNCATED, "max_model_len")
         max_tokens = min(settings.sampling.max_tokens, room)
@@ -330,9 +333,9 @@ class EpisodeRun:
             params = dataclasses.replace(params, seed=seed)
         t0 = time.perf_counter()
         try:
-            with TRACE.span("engine_request", prompt_tokens=len(chat.tokens)):
+            with TRACE.span("engine_request", prompt_tokens=len(chat.request)):
                 out = await self.context.client.generate(
-                    chat.tokens, params, session=self.uid, max_tokens=max_tokens
+                    chat.request, params, session=self.uid, max_tokens=max_tokens
                 )
         except ContextLengthError as err:
             raise Ending(EpisodeStatus.TRUNCATED, f"context_length: {err}") from err
@@ -438,6 +441,8 @@ class EpisodeRun:
             metadata["template_mismatches"] = chat.mismatches
             metrics["template_mismatch"] = 1.0
         metrics["turns"] = float(len(self.turns))
+        if isinstance(chat, TurnChatTokens):
+            metrics["turn_samples"] = float(len(chat.sample_starts))
         return Episode(
             task_id=self.task_id,
             env_id=self.env_id,
@@ -457,13 +462,14 @@ class EpisodeRun:
             metrics=metrics,
             metadata=metadata,
             uid=self.uid,
+            sample_starts=list(chat.sample_starts) if chat else [],
         )
 
 
 def turn_record(chat: ChatTokens, out: Completion, action: Action) -> Turn:
     """The :class:`Turn` for a sampled completion (already appended to ``chat``)."""
     return Turn(
-        prompt_tokens=len(chat.tokens) - out.num_tokens,
+        prompt_tokens=len(chat.request) - out.num_tokens,
         completion_tokens=out.num_tokens,
         finish_reason=out.finish_reason,
         weight_version=out.weight_version,

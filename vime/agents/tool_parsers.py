@@ -12,6 +12,9 @@ Formats:
 - ``"llama3_json"`` (Llama 3.1+ JSON tool calling): the whole message is one JSON object
   ``{"name": ..., "parameters": {...}}`` (optionally after ``<|python_tag|>``), or several
   separated by ``;``. Text that does not start with ``{`` is plain text, not a call.
+- ``"mistral"`` (Mistral instruct v3+): ``[TOOL_CALLS]`` followed by a JSON list of
+  ``{"name": ..., "arguments": {...}}`` (or one such object); text before it is kept as text.
+- ``"qwen3"`` and ``"qwen"``: the Hermes format (Qwen2.5 and Qwen3 write the same blocks).
 - ``"none"``: no tool calls (plain-text envs such as math).
 
 Example:
@@ -36,6 +39,8 @@ ToolParser = Callable[[str], Action]
 
 HERMES_EXAMPLE = '<tool_call>\n{"name": "<tool name>", "arguments": {<arguments>}}\n</tool_call>'
 LLAMA3_EXAMPLE = '{"name": "<tool name>", "parameters": {<arguments>}}'
+MISTRAL_EXAMPLE = '[TOOL_CALLS][{"name": "<tool name>", "arguments": {<arguments>}}]'
+MISTRAL_MARK = "[TOOL_CALLS]"
 
 _HERMES_BLOCK = re.compile(r"<tool_call>(.*?)(</tool_call>|$)", re.DOTALL)
 _DECODER = json.JSONDecoder()
@@ -155,6 +160,39 @@ def parse_llama3_json(text: str) -> Action:
     return Action(text=text, tool_calls=calls, parse_errors=errors)
 
 
+def parse_mistral(text: str) -> Action:
+    """Parse Mistral ``[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]`` calls.
+
+    Example:
+        >>> parse_mistral('[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}]</s>').tool_calls[0].arguments
+        {'a': 1}
+        >>> parse_mistral("[TOOL_CALLS][{oops").parse_errors[0][:40]
+        'tool call 1: the JSON after [TOOL_CALLS]'
+    """
+    at = text.find(MISTRAL_MARK)
+    if at < 0:
+        return Action(text=text)
+    body = text[at + len(MISTRAL_MARK) :].strip()
+    if body.endswith("</s>"):
+        body = body[: -len("</s>")].rstrip()
+    decoded = _decode(body)
+    if not isinstance(decoded, str) and decoded[1] != len(body):
+        decoded = f"extra data at char {decoded[1]}"
+    if isinstance(decoded, str):
+        why = f"the JSON after {MISTRAL_MARK} is invalid ({decoded})"
+        return Action(text=text, parse_errors=[f"tool call 1: {why}. Write: {MISTRAL_EXAMPLE}"])
+    found = decoded[0] if isinstance(decoded[0], list) else [decoded[0]]
+    if not found:
+        why = f"{MISTRAL_MARK} lists no call"
+        return Action(text=text, parse_errors=[f"tool call 1: {why}. Write: {MISTRAL_EXAMPLE}"])
+    calls: list[ToolCall] = []
+    errors: list[str] = []
+    for i, obj in enumerate(found, start=1):
+        result = _check_call(obj, i, "arguments", MISTRAL_EXAMPLE)
+        (calls.append(result) if isinstance(result, ToolCall) else errors.append(result))
+    return Action(text=text, tool_calls=calls, parse_errors=errors)
+
+
 def parse_none(text: str) -> Action:
     """No tool calls: the whole text is the action (plain-text envs).
 
@@ -168,7 +206,9 @@ def parse_none(text: str) -> Action:
 PARSERS: dict[str, ToolParser] = {
     "hermes": parse_hermes,
     "qwen": parse_hermes,
+    "qwen3": parse_hermes,  # Qwen3 writes Hermes blocks (its <think> part is plain text)
     "llama3_json": parse_llama3_json,
+    "mistral": parse_mistral,
     "none": parse_none,
 }
 

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from vime.agents.turn_samples import per_episode, turn_samples
 from vime.rl.config import ADVANTAGES, TrainConfig
 from vime.trainer.losses import grpo_advantages, kl_estimate
 from vime.types import Episode, EpisodeStatus, Sample
@@ -215,7 +216,8 @@ def make_samples(
     chosen = groups[: cfg.rollout.batch_size]
     flat = [ep for eps in chosen for ep in eps]
     rewards = [shaped_reward(ep, cfg) for ep in flat]
-    samples = [Sample.from_episode(ep, 0.0) for ep in flat]
+    # One sample per episode, or per turn (collector.sample_per_turn); owner[i]: its episode.
+    samples, owner = turn_samples(flat)
     if reference is not None and samples:
         ref = reference(samples)
         for s, lp in zip(samples, ref, strict=True):
@@ -223,6 +225,7 @@ def make_samples(
         beta = cfg.rollout.kl_reward_coef
         if beta:
             seq_kl = sequence_kl(samples, ref, cfg.trainer.loss.kl_estimator)
+            seq_kl = per_episode(seq_kl, owner, len(flat))
             rewards = [r - beta * k for r, k in zip(rewards, seq_kl, strict=True)]
             stats["kl/reward_penalty"] = beta * sum(seq_kl) / len(seq_kl)
     adv = advantages(
@@ -231,11 +234,11 @@ def make_samples(
         [ep.group_id for ep in flat],
         normalize_std=cfg.rollout.normalize_std,
     )
-    for s, a, reward in zip(samples, adv, rewards, strict=True):
-        s.advantage, s.reward = a, reward
+    for s, k in zip(samples, owner, strict=True):
+        s.advantage, s.reward = adv[k], rewards[k]
     overlong = [is_overlong(ep) for ep in flat]
     if cfg.rollout.overlong == "mask":  # in the group baselines above, out of the loss here
-        samples = [s for s, o in zip(samples, overlong, strict=True) if not o]
+        samples = [s for s, k in zip(samples, owner, strict=True) if not overlong[k]]
     stats.update(
         {
             "samples/trained": float(len(samples)),
