@@ -249,6 +249,12 @@ class Episode:
 class Sample:
     """What the trainer consumes: one sequence with a per-token advantage signal.
 
+    ``advantage`` is shared by every sampled token (outcome-reward estimators). With a
+    learned critic (``rollout.advantage=gae``) ``token_advantages`` holds one advantage per
+    token instead (0.0 off the loss mask) and replaces it; ``values`` are the critic's
+    predictions when the sample was made and ``returns`` its regression targets, all
+    aligned with ``tokens``.
+
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1],
         ...            rollout_logprobs=[0.0, -0.3, -0.2], advantage=0.5)
@@ -264,6 +270,9 @@ class Sample:
     weight_version: int = -1
     group_id: str = ""
     ref_logprobs: list[float] | None = None
+    token_advantages: list[float] | None = None
+    values: list[float] | None = None
+    returns: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -273,6 +282,11 @@ class Sample:
                 f"Sample: len(tokens)={n}, len(loss_mask)={len(self.loss_mask)}, "
                 f"len(rollout_logprobs)={len(self.rollout_logprobs)} must be equal"
             )
+        per_token = {"token_advantages": self.token_advantages, "values": self.values}
+        per_token["returns"] = self.returns
+        bad = {k: len(v) for k, v in per_token.items() if v is not None and len(v) != n}
+        if bad:
+            raise ValueError(f"Sample: len(tokens)={n} but lengths {bad}")
         if n < 2:
             raise ValueError("Sample: needs at least 2 tokens (a prompt token and a sampled one)")
         if self.loss_mask and self.loss_mask[0] != 0:

@@ -230,6 +230,49 @@ def policy_loss(
     )
 
 
+@dataclass
+class ValueTerms:
+    """The critic's per-token loss ``[B, T]`` (masked) and where the clip decided it."""
+
+    per_token: torch.Tensor
+    clipped: torch.Tensor  # 1 where the clipped error was the larger one (no gradient there)
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    clip: float,
+) -> ValueTerms:
+    """PPO's clipped value loss per token (the critic's objective, ``critic.value_clip`` ε):
+
+        V_clip = V_old + clip(V − V_old, −ε, ε)
+        ℓ_t = ½ · max((V − R)², (V_clip − R)²)
+
+    ``V`` the critic's current values, ``V_old`` its values when the samples were made,
+    ``R`` the GAE returns. Taking the larger error keeps one update from moving a value
+    more than ε past the old one in the direction that lowers the loss; ``ε = 0`` turns
+    the clip off (``ℓ_t = ½ (V − R)²``).
+
+    Example:
+        >>> import torch
+        >>> v = torch.tensor([[0.0, 0.125, 0.5]])
+        >>> out = value_loss(v, torch.zeros(1, 3), torch.ones(1, 3), torch.tensor([[0, 1, 1]]), 0.25)
+        >>> out.per_token.tolist(), out.clipped.tolist()
+        ([[0.0, 0.3828125, 0.28125]], [[0.0, 0.0, 1.0]])
+    """
+    mask = mask.to(values.dtype)
+    returns, old_values = returns.to(values.dtype), old_values.to(values.dtype)
+    unclipped = (values - returns) ** 2
+    if clip <= 0:
+        return ValueTerms(0.5 * unclipped * mask, torch.zeros_like(values))
+    v_clip = old_values + (values - old_values).clamp(-clip, clip)
+    clipped = (v_clip - returns) ** 2
+    took_clip = (clipped > unclipped).to(values.dtype)
+    return ValueTerms(0.5 * torch.maximum(unclipped, clipped) * mask, took_clip * mask)
+
+
 def denominator(cfg: LossConfig, mask: torch.Tensor) -> float:
     """The aggregation denominator ``D`` for a step whose loss mask is ``mask`` (all rows).
 

@@ -150,6 +150,8 @@ class Trainer:
         0.0123
     """
 
+    lr_key = "trainer.lr"  # this model's learning-rate key, named when a step fails
+
     def __init__(
         self,
         hf_folder: str | Path,
@@ -169,13 +171,7 @@ class Trainer:
         init_rng_tracker(self.config.seed)
         self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
         dtype = DTYPES[self.config.dtype]
-        model = build_gpt_model(
-            self.hf_config,
-            dtype=dtype,
-            attention=self.config.attention,
-            recompute=self.config.recompute,
-        )
-        load_hf_weights(model, self.hf_folder)
+        model = self._build_model(dtype)
         if cuda_available():
             model = model.cuda()
         self.device = torch.device("cuda" if cuda_available() else "cpu")
@@ -195,6 +191,17 @@ class Trainer:
         self.step = 0
 
     # ---- construction -------------------------------------------------------------------
+
+    def _build_model(self, dtype: torch.dtype) -> Any:
+        """This rank's stage with the HF folder's weights (a critic adds its value head)."""
+        model = build_gpt_model(
+            self.hf_config,
+            dtype=dtype,
+            attention=self.config.attention,
+            recompute=self.config.recompute,
+        )
+        load_hf_weights(model, self.hf_folder)
+        return model
 
     def _build_optimizer(self, dtype: torch.dtype) -> Any:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -335,6 +342,38 @@ class Trainer:
                 forward_only=forward_only,
             )
 
+    def _step_counts(self, samples: Sequence[Sample], local: list[int]) -> tuple[float, int]:
+        """The step's loss tokens and rows, over every data-parallel rank."""
+        counts = torch.tensor(
+            [float(sum(samples[i].num_loss_tokens for i in local)), float(len(local))],
+            dtype=torch.float64,
+            device=self.device,
+        )
+        if self.parallel.dp > 1:
+            from megatron.core import parallel_state as ps
+
+            dist.all_reduce(counts, group=ps.get_data_parallel_group())
+        return counts[0].item(), int(counts[1].item())
+
+    def _optimize(self, mbs: list[MicroBatch], loss_func: Any) -> tuple[list[Any], Any]:
+        """Forward, backward and one optimizer step; returns the schedule's outputs and
+        the gradient norm. ``lr_key`` names the learning rate to lower when it fails."""
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self.model.train()
+        outputs = self._run_schedule(mbs, loss_func, forward_only=False)
+        # Advance the schedule first, so that step k (1-based) uses lr · min(1, k / warmup):
+        # Megatron's scheduler would otherwise spend the first step at lr = 0.
+        self.scheduler.step(increment=1)
+        with cpu_device_scope():
+            ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise TrainerError(
+                f"optimizer step was skipped (non-finite gradients); lower {self.lr_key}"
+            )
+        self.step += 1
+        return outputs, grad_norm
+
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum over data-parallel ranks and, under PP, from the last stage to all stages."""
         from megatron.core import parallel_state as ps
@@ -395,31 +434,10 @@ class Trainer:
         """
         t0 = time.perf_counter()
         local = self._local_indices(samples)
-        counts = torch.tensor(
-            [float(sum(samples[i].num_loss_tokens for i in local)), float(len(local))],
-            dtype=torch.float64,
-            device=self.device,
-        )
-        if self.parallel.dp > 1:
-            from megatron.core import parallel_state as ps
-
-            dist.all_reduce(counts, group=ps.get_data_parallel_group())
-        denom = denominator_from_counts(self.config.loss, counts[0].item(), int(counts[1].item()))
+        tokens, rows = self._step_counts(samples, local)
+        denom = denominator_from_counts(self.config.loss, tokens, rows)
         mbs = self._micro_batches(samples, local, old_logprobs)
-        self.model.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        self.model.train()
-        outputs = self._run_schedule(mbs, partial(self._loss_func, denom), forward_only=False)
-        # Advance the schedule first, so that step k (1-based) uses lr · min(1, k / warmup):
-        # Megatron's scheduler would otherwise spend the first step at lr = 0.
-        self.scheduler.step(increment=1)
-        with cpu_device_scope():
-            ok, grad_norm, _ = self.optimizer.step()
-        if not ok:
-            raise TrainerError(
-                "optimizer step was skipped (non-finite gradients); lower trainer.lr"
-            )
-        self.step += 1
+        outputs, grad_norm = self._optimize(mbs, partial(self._loss_func, denom))
         sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
         for out in outputs:
             sums += out["sums"]
@@ -453,13 +471,20 @@ class Trainer:
             >>> len(lps[0]) == len(samples[0].tokens)  # doctest: +SKIP
             True
         """
+        return self._forward_rows(
+            samples, lambda mb, hidden: self._token_logprobs(hidden, mb, with_entropy=False)[0]
+        )
+
+    def _forward_rows(self, samples: Sequence[Sample], per_target: Any) -> list[list[float]]:
+        """A forward-only pass: ``per_target(mb, hidden)`` gives a ``[B, S-1]`` block per
+        micro-batch; returns one row per sample aligned with its tokens (position 0: 0.0)."""
         local = self._local_indices(samples)
         mbs = self._micro_batches(samples, local, None)
 
         def collect(mb: MicroBatch, hidden: torch.Tensor):
-            lp, _ = self._token_logprobs(hidden, mb, with_entropy=False)
-            zero = lp.sum() * 0
-            return zero, torch.tensor(0, dtype=torch.int), {"indices": mb.indices, "lp": lp.cpu()}
+            block = per_target(mb, hidden)
+            zero = block.sum() * 0
+            return zero, torch.tensor(0, dtype=torch.int), {"indices": mb.indices, "x": block.cpu()}
 
         self.model.eval()
         outputs = self._run_schedule(mbs, collect, forward_only=True)
@@ -467,7 +492,7 @@ class Trainer:
         for out in outputs:
             for row, i in enumerate(out["indices"]):
                 n = len(samples[i].tokens)
-                mine[i] = [0.0, *out["lp"][row, : n - 1].tolist()]
+                mine[i] = [0.0, *out["x"][row, : n - 1].tolist()]
         return self._gather_rows(mine, len(samples))
 
     def _gather_rows(self, mine: dict[int, list[float]], n: int) -> list[list[float]]:
