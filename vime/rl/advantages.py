@@ -14,7 +14,8 @@
    ``rollout.kl_reward_coef`` β > 0 subtracts the sequence's KL from its reward:
    ``r_i ← r_i − β · Σ_t mask_it · kl_it`` (kl of the sampled tokens, rollout log-probs
    against the reference's, estimator ``trainer.loss.kl_estimator``);
-5. advantages by ``rollout.advantage`` (the functions below, each a formula).
+5. advantages by ``rollout.advantage`` (the functions below, each a formula); ``gae``
+   first asks the critic for every kept sample's values (:func:`apply_gae`).
 
 The KL *loss* term (``trainer.loss.kl_coef``) is applied by the trainer on the same
 reference log-probs (:mod:`vime.trainer.losses`).
@@ -32,6 +33,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from vime.agents.turn_samples import per_episode, turn_samples
+from vime.errors import ConfigError
 from vime.rl.config import ADVANTAGES, TrainConfig
 from vime.trainer.losses import grpo_advantages, kl_estimate
 from vime.types import Episode, EpisodeStatus, Sample
@@ -41,6 +43,7 @@ OVERLONG_REASONS = ("max_tokens", "max_model_len", "context_length")
 EPS = 1e-6
 
 ReferenceFn = Callable[[list[Sample]], list[list[float]]]
+ValueFn = Callable[[list[Sample]], list[list[float]]]  # the critic's values, per token
 
 
 def _by_group(group_ids: Sequence[str]) -> dict[str, list[int]]:
@@ -111,6 +114,87 @@ def reinforce_pp_baseline(rewards: Sequence[float], group_ids: Sequence[str]) ->
     return _whiten(centred)
 
 
+def gae(
+    reward: float,
+    values: Sequence[float],
+    loss_mask: Sequence[int],
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[list[float], list[float]]:
+    """GAE over one sample's sampled tokens; returns per-token ``(advantages, returns)``.
+
+    The actions are the tokens with ``loss_mask`` 1, at positions ``t_1 < … < t_K``;
+    ``V_k = values[t_k]`` is the critic's value of the state before action k. The reward
+    comes at the last action (``r_K = reward``, ``r_k = 0`` before it; ``V_{K+1} = 0``):
+
+        δ_k = r_k + γ · V_{k+1} − V_k
+        A_k = Σ_{l≥0} (γλ)^l · δ_{k+l}        (backwards: A_k = δ_k + γλ · A_{k+1})
+        R_k = A_k + V_k                        (the critic's target)
+
+    Tokens with mask 0 (prompt, tool output, user turns, template glue) are not actions:
+    a tool-output span is part of the transition from one action to the next, so it gets
+    no advantage and no target (0.0) and is not a step of γ or λ: the last token before
+    the span and the first one after it are consecutive actions. The episode ends at its
+    last action (also when truncated: no bootstrap from a value after it).
+
+    Example (γ = 1, λ = 1: ``A_k = reward − V_k``):
+        >>> gae(1.0, [0.0, 0.25, 0.5], [0, 1, 1])
+        ([0.0, 0.75, 0.5], [0.0, 1.0, 1.0])
+    """
+    if not len(values) == len(loss_mask):
+        raise ValueError(f"{len(values)} values for {len(loss_mask)} tokens")
+    actions = [t for t, m in enumerate(loss_mask) if m]
+    adv, ret = [0.0] * len(loss_mask), [0.0] * len(loss_mask)
+    running, next_value, r = 0.0, 0.0, float(reward)
+    for t in reversed(actions):
+        delta = r + gamma * next_value - values[t]
+        running = delta + gamma * lam * running
+        adv[t], ret[t] = running, running + values[t]
+        next_value, r = values[t], 0.0
+    return adv, ret
+
+
+def _on_mask(rows: Sequence[Sequence[float]], masks: Sequence[Sequence[int]]) -> list[float]:
+    """The entries of ``rows`` where their loss mask is 1, flattened."""
+    return [x for r, m in zip(rows, masks, strict=True) for x, k in zip(r, m, strict=True) if k]
+
+
+def apply_gae(
+    samples: Sequence[Sample], rewards: Sequence[float], critic: ValueFn, gamma: float, lam: float
+) -> dict[str, float]:
+    """Fill ``values``, ``returns`` and ``token_advantages`` of ``samples`` (one reward
+    each): :func:`gae` on the critic's values, then the advantages whitened over the
+    step's loss tokens, ``A ← (A − mean) / (std + 1e-6)`` (the returns stay raw).
+
+    Example:
+        >>> s = [Sample([1, 2, 3], [0, 1, 1], [0.0, -1.0, -1.0]), Sample([1, 2], [0, 1], [0.0, -1.0])]
+        >>> stats = apply_gae(s, [1.0, 0.0], lambda xs: [[0.0] * len(x.tokens) for x in xs], 1.0, 1.0)
+        >>> [[round(a, 3) for a in x.token_advantages] for x in s], s[0].returns
+        ([[0.0, 0.707, 0.707], [0.0, -1.414]], [0.0, 1.0, 1.0])
+    """
+    if not samples:
+        return {}
+    raw = []
+    for s, reward, v in zip(samples, rewards, critic(list(samples)), strict=True):
+        adv, ret = gae(reward, v, s.loss_mask, gamma=gamma, lam=lam)
+        s.values, s.returns = list(v), ret
+        raw.append(adv)
+    masks = [s.loss_mask for s in samples]
+    on_mask = _on_mask(raw, masks)
+    mean = sum(on_mask) / len(on_mask)
+    std = math.sqrt(sum((a - mean) ** 2 for a in on_mask) / len(on_mask))
+    for s, adv in zip(samples, raw, strict=True):
+        s.token_advantages = [
+            (a - mean) / (std + EPS) if m else 0.0 for a, m in zip(adv, s.loss_mask, strict=True)
+        ]
+    returns = _on_mask([s.returns or [] for s in samples], masks)
+    return {
+        "critic/advantage_raw_mean": mean,
+        "critic/returns_mean": sum(returns) / len(returns),
+    }
+
+
 def advantages(
     name: str, rewards: Sequence[float], group_ids: Sequence[str], *, normalize_std: bool = True
 ) -> list[float]:
@@ -127,6 +211,8 @@ def advantages(
         "reinforce_pp": reinforce_pp,
         "reinforce_pp_baseline": reinforce_pp_baseline,
     }
+    if name == "gae":
+        raise ValueError("rollout.advantage=gae is per token, from the critic: use apply_gae")
     if name not in estimators:
         raise ValueError(f"rollout.advantage={name!r}: choose one of {ADVANTAGES}")
     return estimators[name](rewards, group_ids)
@@ -203,11 +289,17 @@ def shaped_reward(ep: Episode, cfg: TrainConfig) -> float:
 
 
 def make_samples(
-    episodes: list[Episode], cfg: TrainConfig, version: int, reference: ReferenceFn | None = None
+    episodes: list[Episode],
+    cfg: TrainConfig,
+    version: int,
+    reference: ReferenceFn | None = None,
+    critic: ValueFn | None = None,
 ) -> tuple[list[Sample], dict[str, float]]:
     """Training samples with advantages, and the step's sample metrics (see the module
     docstring for the steps). ``reference`` gives the reference log-probs of samples (the
     trainer ranks' :class:`~vime.trainer.reference.ReferenceModel`); without it no KL.
+    ``critic`` gives their values (:class:`~vime.trainer.critic.Critic`), which
+    ``rollout.advantage=gae`` needs.
 
     Example (skipped as a doctest: it needs a config and episodes):
         >>> samples, stats = make_samples(episodes, cfg, version=3)  # doctest: +SKIP
@@ -228,12 +320,22 @@ def make_samples(
             seq_kl = per_episode(seq_kl, owner, len(flat))
             rewards = [r - beta * k for r, k in zip(rewards, seq_kl, strict=True)]
             stats["kl/reward_penalty"] = beta * sum(seq_kl) / len(seq_kl)
-    adv = advantages(
-        cfg.rollout.advantage,
-        rewards,
-        [ep.group_id for ep in flat],
-        normalize_std=cfg.rollout.normalize_std,
-    )
+    if cfg.rollout.advantage == "gae":  # per token; a turn sample ends with its episode's reward
+        if critic is None:
+            raise ConfigError(
+                "rollout.advantage=gae needs the critic's values: pass make_samples a critic",
+                key="rollout.advantage",
+            )
+        r = cfg.rollout
+        stats.update(apply_gae(samples, [rewards[k] for k in owner], critic, r.gamma, r.gae_lambda))
+        adv = [0.0] * len(flat)  # Sample.token_advantages replace the per-sample one
+    else:
+        adv = advantages(
+            cfg.rollout.advantage,
+            rewards,
+            [ep.group_id for ep in flat],
+            normalize_std=cfg.rollout.normalize_std,
+        )
     for s, k in zip(samples, owner, strict=True):
         s.advantage, s.reward = adv[k], rewards[k]
     overlong = [is_overlong(ep) for ep in flat]

@@ -45,6 +45,7 @@ from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.observability.config import MetricsConfig, TraceConfig
 from vime.rl.placement import PlacementConfig
+from vime.trainer.critic import CriticConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.reference import ReferenceConfig
 from vime.trainer.step import TrainerConfig
@@ -55,7 +56,7 @@ MODES = ("sync", "async")
 # disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
 SYNC_METHODS = ("disk", "nccl", "ipc")
 # Advantage estimators and over-long handling (vime.rl.advantages, docs/algorithms.md).
-ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline")
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 OVERLONG_MODES = ("none", "mask", "penalty")
 
 
@@ -153,7 +154,9 @@ class RolloutConfig:
         )
     )
     # Algorithms (docs/algorithms.md; checked against each other in TrainConfig):
-    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline
+    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+    gamma: float = 1.0  # gae: discount per sampled token
+    gae_lambda: float = 1.0  # gae: λ (1: A = return − V; lower trusts the critic more)
     overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
     overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
     kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
@@ -194,6 +197,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # rollout.advantage=gae
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
     trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
     steps: int = 40
@@ -213,6 +217,7 @@ class TrainConfig:
         require_choice(self.sync, "sync", SYNC_METHODS)
         self._check_sync()
         self._check_algorithms()
+        self._check_critic()
         self.trace.check_engine(
             self.engine.profiler_dir, bool(self.engine.url or self.placement.engine_urls)
         )
@@ -272,6 +277,31 @@ class TrainConfig:
             not self.reference.path or Path(self.reference.path, "config.json").exists(),
             "reference.path",
             f"{self.reference.path} is not an HF checkpoint folder (no config.json)",
+        )
+
+    def _check_critic(self) -> None:
+        """The critic and GAE keys: used with ``rollout.advantage=gae`` only (named both)."""
+        r, c, gae = self.rollout, self.critic, self.rollout.advantage == "gae"
+        require(0 <= r.gamma <= 1, "rollout.gamma", f"must be in [0, 1], got {r.gamma}")
+        require(
+            0 <= r.gae_lambda <= 1, "rollout.gae_lambda", f"must be in [0, 1], got {r.gae_lambda}"
+        )
+        unused = [f"rollout.{k}" for k in ("gamma", "gae_lambda") if getattr(r, k) != 1.0]
+        unused += [
+            f"critic.{f.name}"
+            for f in dataclasses.fields(CriticConfig)
+            if getattr(c, f.name) != f.default
+        ]
+        require(
+            gae or not unused,
+            unused[0] if unused else "critic",
+            f"is set but rollout.advantage={r.advantage!r} trains no critic: set "
+            "rollout.advantage=gae (PPO with a learned critic) or leave it unset",
+        )
+        require(
+            not c.path or Path(c.path, "config.json").exists(),
+            "critic.path",
+            f"{c.path} is not an HF checkpoint folder (no config.json)",
         )
 
     def _check_sync(self) -> None:

@@ -61,6 +61,7 @@ from vime.rl.run_dir import (
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.rl.warm_start import warm_start
 from vime.rl.weight_sync import DiskWeightSync
+from vime.trainer.critic import Critic
 from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
 from vime.types import Episode, EpisodeStatus
@@ -90,6 +91,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     run, model_dir = ranks.from_driver(lambda: _prepare(cfg))
     trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
     reference = _reference(cfg, model_dir)
+    critic = _critic(cfg, model_dir, ranks)
 
     with contextlib.ExitStack() as cleanup:
         fleet = cleanup.enter_context(
@@ -97,7 +99,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
             )
         )
-        group = TrainerGroup(trainer, ranks, fleet, reference)
+        group = TrainerGroup(trainer, ranks, fleet, reference, critic)
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
             with STOP.following():  # a Ctrl-C: rank 0 saves (collective), then releases it
                 group.follow()
@@ -130,20 +132,14 @@ def train(cfg: TrainConfig) -> TrainResult:
             episodes, rollout_stats = _episodes(runner, step, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
-                # π_ref's log-probs (a KL term) run on the trainer's ranks, before the
-                # advantages: a KL reward penalty changes the rewards they are made from.
-                ref = group.reference_logprobs if reference is not None else None
-                samples, adv_stats = make_samples(episodes, cfg, version, ref)
-                pause_point("train", step)  # fault tests: SIGKILL with the step buffered
-                train_stats = group.train_step(samples) if samples else {}
+                learn_stats = _learn(group, episodes, cfg, version, step)
             t2 = time.perf_counter()
             version = step
             sync_stats = TRACE.call("weight_sync", sync.sync, version)
             t3 = time.perf_counter()
             row = {
                 **rollout_stats,
-                **adv_stats,
-                **{f"train/{k}": v for k, v in train_stats.items()},
+                **learn_stats,
                 **sync_stats,
                 **_step_times(t0, t1, t2, t3),
                 "weight_version": _fleet_version(engines, version),
@@ -194,6 +190,44 @@ def _reference(cfg: TrainConfig, model_dir: Path) -> ReferenceModel | None:
         return None
     path = Path(cfg.reference.path) if cfg.reference.path else model_dir
     return ReferenceModel(path, cfg.trainer, offload=cfg.reference.offload)
+
+
+def _critic(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> Critic | None:
+    """(Every rank.) The learned critic of ``rollout.advantage=gae``: ``critic.path``, else
+    the policy's starting weights, at the trainer's TP/PP; None for the other estimators."""
+    if cfg.rollout.advantage != "gae":
+        return None
+    path = Path(cfg.critic.path) if cfg.critic.path else model_dir
+    vocab = [json.loads((p / "config.json").read_text())["vocab_size"] for p in (path, model_dir)]
+    if vocab[0] != vocab[1]:
+        raise ConfigError(
+            f"critic.path: {path} has a vocabulary of {vocab[0]} tokens, the policy {vocab[1]}: "
+            "the critic reads the policy's token ids; pass a model with the same tokenizer",
+            key="critic.path",
+        )
+    return Critic(path, cfg.trainer, cfg.critic, tp=ranks.layout.tp, pp=ranks.layout.pp)
+
+
+def _learn(
+    group: TrainerGroup, episodes: list[Episode], cfg: TrainConfig, version: int, step: int
+) -> dict[str, float]:
+    """(Rank 0.) The step's samples, then the policy's train step and the critic's; returns
+    the sample, ``train/`` and ``critic/`` metrics.
+
+    π_ref's log-probs (a KL term) and the critic's values run on the trainer's ranks
+    before the advantages: a KL reward penalty changes the rewards they are made from,
+    and GAE is made from the values. The critic then trains on the returns of the same
+    samples, after the policy.
+    """
+    ref = group.reference_logprobs if group.reference is not None else None
+    values = group.critic_values if group.critic is not None else None
+    samples, stats = make_samples(episodes, cfg, version, ref, values)
+    pause_point("train", step)  # fault tests: SIGKILL with the step buffered
+    if samples:
+        stats.update({f"train/{k}": v for k, v in group.train_step(samples).items()})
+    if samples and group.critic is not None:
+        stats.update({f"critic/{k}": v for k, v in group.critic_train_step(samples).items()})
+    return stats
 
 
 def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:

@@ -38,6 +38,7 @@ from vime.errors import TrainerError
 from vime.net import address_towards
 from vime.rl.gpu_sync import Push, gather_and_push
 from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
+from vime.trainer.critic import Critic, checkpoint_folder
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
@@ -167,11 +168,13 @@ class TrainerGroup:
         ranks: Ranks,
         fleet: EngineFleet | None = None,
         reference: ReferenceModel | None = None,
+        critic: Critic | None = None,
     ) -> None:
         self.trainer = trainer
         self.ranks = ranks
         self.fleet = fleet or EngineFleet([], [])
         self.reference = reference  # the frozen π_ref of a KL term, on every rank
+        self.critic = critic  # the learned value function of rollout.advantage=gae
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
 
@@ -184,6 +187,15 @@ class TrainerGroup:
         share at the trainer's TP/PP/DP; every rank gets all rows)."""
         return self._call("reference_logprobs", list(samples))
 
+    def critic_values(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """The critic's per-token values of ``samples`` (every rank computes its share at
+        the trainer's TP/PP/DP; every rank gets all rows)."""
+        return self._call("critic_values", list(samples))
+
+    def critic_train_step(self, samples: Sequence[Sample]) -> dict[str, float]:
+        """One optimizer step of the critic on the samples' returns, on every rank."""
+        return self._call("critic_train_step", list(samples))
+
     def export_hf(self, folder: str | Path) -> Path | None:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
         return self._call("export_hf", str(folder))
@@ -194,11 +206,12 @@ class TrainerGroup:
         return self._call("send_weights", push, dtype, everywhere)
 
     def save_checkpoint(self, folder: str | Path) -> Path:
-        """A Megatron distributed checkpoint, written by every rank."""
+        """A Megatron distributed checkpoint, written by every rank (with a critic, its own
+        checkpoint beside it: :func:`~vime.trainer.critic.checkpoint_folder`)."""
         return self._call("save_checkpoint", str(folder))
 
     def load_checkpoint(self, folder: str | Path) -> int:
-        """Restore on every rank (at any TP/PP/DP); returns the saved step."""
+        """Restore on every rank (at any TP/PP/DP), the critic too; returns the saved step."""
         return self._call("load_checkpoint", str(folder))
 
     def restart_dead_engines(self) -> list[str]:
@@ -237,4 +250,25 @@ class TrainerGroup:
             if self.reference is None:
                 raise TrainerError("no reference model: the run has no KL term")
             return self.reference.compute_logprobs(*args)
-        return getattr(self.trainer, name)(*args)
+        if name.startswith("critic_"):
+            if self.critic is None:
+                raise TrainerError("no critic: the run's rollout.advantage is not gae")
+            method = {"critic_values": "compute_values", "critic_train_step": "train_step"}[name]
+            return getattr(self.critic, method)(*args)
+        result = getattr(self.trainer, name)(*args)
+        if self.critic is not None and name in ("save_checkpoint", "load_checkpoint"):
+            self._critic_checkpoint(name, Path(args[0]))
+        return result
+
+    def _critic_checkpoint(self, name: str, trainer_folder: Path) -> None:
+        folder = checkpoint_folder(trainer_folder)
+        assert self.critic is not None
+        if name == "save_checkpoint":
+            self.critic.save_checkpoint(folder)
+        elif not folder.exists():
+            raise TrainerError(
+                f"{trainer_folder.parent} has no critic checkpoint: the run was saved without "
+                "rollout.advantage=gae; resume it with the advantage it was started with"
+            )
+        else:
+            self.critic.load_checkpoint(folder)
