@@ -38,10 +38,25 @@ from vime.types import Action, Message, ToolCall
 from .builtin_tools import BUILTINS
 from .tasks import answers_match, load_tasks
 
-SYSTEM_PROMPT = (
-    "Solve the task with the tools; do not guess. Files are in {workdir}. "
-    "Finish with submit(answer), or reply with the answer in \\boxed{{}} and no tool call."
-)
+
+def system_prompt(tools: list[Tool], workdir: str) -> str:
+    """The system message; it names only what the offered tools allow (the tiny model
+    attends over every prompt token of every turn: short prompts train faster).
+
+    Example:
+        >>> system_prompt([BUILTINS["calculator"]], "/workspace")
+        'Solve the task with the tools; do not guess. Reply with the answer in \\\\boxed{} and no tool call.'
+    """
+    names = {t.name for t in tools}
+    text = "Solve the task with the tools; do not guess."
+    if any(t.takes_ctx for t in tools):  # a workspace tool: the task's files are there
+        text += f" Files are in {workdir}."
+    if "submit" in names:
+        return (
+            text
+            + " Finish with submit(answer), or reply with the answer in \\boxed{} and no tool call."
+        )
+    return text + " Reply with the answer in \\boxed{} and no tool call."
 
 
 @dataclass
@@ -114,9 +129,8 @@ class ToolsEnv(ToolEnv):
             config = ToolsConfig(**config)
         base = config or ToolsConfig()
         self.config = ToolsConfig(**{**base.__dict__, **overrides}) if overrides else base
-        super().__init__(
-            Toolset([BUILTINS[name] for name in self.config.tools] + list(extra_tools))
-        )
+        self._offered = [BUILTINS[name] for name in self.config.tools] + list(extra_tools)
+        super().__init__(Toolset(self._offered))
 
     # -- episode ---------------------------------------------------------------------
 
@@ -148,7 +162,7 @@ class ToolsEnv(ToolEnv):
         )
         self.start_episode(ctx, correct=0.0)
         messages = [
-            {"role": "system", "content": SYSTEM_PROMPT.format(workdir=cfg.sandbox.workspace)},
+            {"role": "system", "content": system_prompt(self._offered, cfg.sandbox.workspace)},
             {"role": "user", "content": str(self.task["question"])},
         ]
         return messages, {"task_id": str(self.task["id"])}

@@ -1,11 +1,19 @@
 """Supervised warm start: a few hundred SFT steps on an env's demonstrations.
 
-A randomly initialised tiny model never produces a correct ``\\boxed{}`` answer, so RL
-would have no reward to climb. The warm start teaches the answer format (and some
-arithmetic) first; RL then has a non-zero starting reward. The env says what a good
-completion is through ``env.demonstrations`` (``"module:function"``, task → text). It is plain policy gradient
-with advantage 1 on the demonstration tokens (PPO ratio 1, no TIS): exactly the SFT
-gradient, through the same Megatron trainer that RL uses.
+A randomly initialised tiny model never produces a correct ``\\boxed{}`` answer, nor a
+tool call, so RL would have no reward to climb. The warm start teaches the format (and
+some of the task) first; RL then has a non-zero starting reward. The env says what a
+good episode is through ``env.demonstrations`` (``"module:function"``, task → the
+assistant's text, or a list of its turns for a multi-turn env). It is plain policy
+gradient with advantage 1 on the assistant's tokens (PPO ratio 1, no TIS): exactly the
+SFT gradient, through the same Megatron trainer that RL uses.
+
+A demonstration is played in the real env and tokenized with the collector's own
+:class:`~vime.agents.chat_tokens.ChatTokens`: each assistant turn is appended as the
+policy's (loss mask 1), parsed with the collector's tool-call parser, and stepped; the
+env's answer (a tool result) is appended as the collector appends it (loss mask 0). So
+the tokens are those an episode at RL time holds when the policy writes the same text,
+and a demonstration that does not earn the full reward is an error, not training data.
 
 The result is cached by content (starting model, env, steps, batch, lr, seed): a second
 run reuses it. It runs in a subprocess so that the RL trainer starts from a clean
@@ -35,8 +43,10 @@ from transformers import AutoTokenizer
 
 import vime.envs as envs
 from vime.agents.chat_tokens import ChatTokens
+from vime.agents.tool_parsers import parse_tool_calls
 from vime.engine.server import TORCHRUN_VARS
-from vime.errors import TrainerError
+from vime.envs.tasks import Task
+from vime.errors import DataError, TrainerError
 from vime.rl.config import EnvConfig, ModelConfig
 from vime.rl.console import quiet_library_warnings
 from vime.rl.tasks import builtin_tasks
@@ -47,6 +57,29 @@ from vime.types import Sample
 # Bump when the recipe below changes (invalidates cached warm starts).
 RECIPE_VERSION = 1
 WARMUP_STEPS = 30  # measured: without warmup the first Adam steps undo the start
+# Demonstrations are written in the Hermes tool-call format (the tiny model's template);
+# a plain-text turn parses to plain text in every format.
+DEMONSTRATION_PARSER = "hermes"
+
+
+# Envs whose tasks the tiny model cannot learn at all, with what to do instead.
+NEEDS_REAL_MODEL = {
+    "vime/SWE-v0": (
+        "env=swe needs a real model: the tiny local model (0.7M parameters) never writes a "
+        "working patch, so every reward is 0 and every group is filtered out. Set "
+        "model.path to an instruction-tuned coder model's HF folder (a 7B-class model on a GPU)."
+    ),
+}
+
+
+def tiny_model_warning(env_id: str) -> str:
+    """Why training ``env_id`` from the tiny model cannot work ("" when it can).
+
+    Example:
+        >>> tiny_model_warning("vime/SWE-v0")[:26], tiny_model_warning("vime/Tools-v0")
+        ('env=swe needs a real model', '')
+    """
+    return NEEDS_REAL_MODEL.get(env_id, "")
 
 
 def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
@@ -113,6 +146,54 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
     return out
 
 
+def demonstration_sample(
+    env: Any, tokenizer: Any, env_id: str, task: Task, turns: str | list[str]
+) -> Sample:
+    r"""One demonstration played in ``env``: its tokens, loss mask 1 on the assistant's turns.
+
+    ``turns`` is the assistant's text (single-turn) or its turns. Raises
+    :class:`~vime.errors.DataError` when a turn's tool call does not parse, the episode
+    ends before the last turn or goes on after it, or the reward is not full (1.0).
+
+    Example:
+        >>> from transformers import AutoTokenizer
+        >>> from vime.models.tiny import build_tiny_model
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+        >>> task = {"id": "t", "question": "What is 1+2?", "answer": "3"}
+        >>> s = demonstration_sample(envs.make("vime/Math-v0"), tok, "vime/Math-v0", task, "\\boxed{3}")
+        >>> tok.decode([t for t, m in zip(s.tokens, s.loss_mask) if m])
+        '\\boxed{3}<|im_end|>'
+    """
+    turns = [turns] if isinstance(turns, str) else list(turns)
+    where = f"env.demonstrations for task {task.get('id')!r} of {env_id}"
+    messages, _ = env.reset(options={"task": task})
+    chat = ChatTokens(tokenizer, messages, tools=getattr(env, "tools", None), env_id=env_id)
+    reward, done = 0.0, False
+    for i, text in enumerate(turns):
+        if done:
+            raise DataError(f"{where}: the episode ended after turn {i} of {len(turns)}")
+        ids = [*chat.encode(text), tokenizer.eos_token_id]
+        chat.add_sampled(ids, [0.0] * len(ids))
+        action = parse_tool_calls(text, DEMONSTRATION_PARSER)
+        if action.parse_errors:
+            raise DataError(f"{where}: turn {i + 1}: {action.parse_errors[0]}")
+        new, step_reward, terminated, truncated, _ = env.step(action)
+        reward += float(step_reward)
+        done = bool(terminated or truncated)
+        if not done:
+            chat.add_messages(list(new))
+    if not done or reward < 1.0:
+        raise DataError(
+            f"{where}: the scripted episode {'earned ' + str(reward) if done else 'did not end'} "
+            "(a demonstration must end the episode with reward 1.0)"
+        )
+    chat.close()  # the template's end-of-turn glue, as the collector ends an episode
+    n = len(chat.tokens)
+    return Sample(
+        tokens=chat.tokens, loss_mask=chat.loss_mask, rollout_logprobs=[0.0] * n, advantage=1.0
+    )
+
+
 def _run(spec: dict[str, Any]) -> None:
     """The child process: build demonstrations, train, export HF."""
     quiet_library_warnings()
@@ -123,21 +204,13 @@ def _run(spec: dict[str, Any]) -> None:
         spec["tasks"], spec["tasks_args"], spec["tasks_path"], seed=model.warm_start_seed + 7919
     )
     env = envs.make(spec["env_id"], **spec["env_kwargs"])
-    samples = []
-    for task in tasks:
-        messages, _ = env.reset(options={"task": task})
-        # The prompt is rendered exactly as the collector renders it.
-        chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=spec["env_id"])
-        prompt = chat.tokens
-        answer = [*chat.encode(demonstration(task)), tokenizer.eos_token_id]
-        tokens = prompt + answer
-        mask = [0] * len(prompt) + [1] * len(answer)
-        samples.append(
-            Sample(
-                tokens=tokens, loss_mask=mask, rollout_logprobs=[0.0] * len(tokens), advantage=1.0
-            )
-        )
-    env.close()
+    try:
+        samples = [
+            demonstration_sample(env, tokenizer, spec["env_id"], task, demonstration(task))
+            for task in tasks
+        ]
+    finally:
+        env.close()
     trainer = Trainer(
         spec["model_dir"],
         TrainerConfig(

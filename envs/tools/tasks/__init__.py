@@ -12,6 +12,9 @@ with ``python -m vime.suites.tools.tasks``). Families:
 - ``csv``: a per-group total from a CSV file in the workspace (python);
 - ``words``: how often a word occurs in a workspace text file (read_file or python).
 
+:func:`calculator_tasks` makes easier ones (``calc``: ``a * b`` of 2-3 digit numbers)
+for the tiny model, which ``vime-agent train env=tools`` trains on.
+
 Example:
     >>> tasks = load_tasks()
     >>> len(tasks), sorted(tasks[0])
@@ -110,6 +113,47 @@ def generate_tasks(per_family: int = 8, seed: int = 0) -> list[dict[str, Any]]:
     """
     rng = random.Random(seed)
     return [_family(name, rng, i) for name in FAMILIES for i in range(per_family)]
+
+
+def _number_of_digits(rng: random.Random, digits: int) -> int:
+    return rng.randrange(10 ** (digits - 1), 10**digits)
+
+
+def calculator_tasks(
+    n: int = 4096, seed: int = 0, digits: tuple[int, int] = (2, 3)
+) -> list[dict[str, Any]]:
+    """``n`` products ``a * b`` of ``digits[0]``- to ``digits[1]``-digit numbers (family ``calc``).
+
+    The tiny model cannot multiply three-digit numbers in its head but can learn to copy
+    the expression into a calculator call and the result into ``\\boxed{}``: the task of
+    ``vime-agent train env=tools`` (:mod:`vime.suites.tools.demonstrations` has its
+    demonstration). Each task keeps its ``expression``.
+
+    Example:
+        >>> calculator_tasks(1, seed=3)[0]["question"]
+        'What is 85 * 57?'
+    """
+    low, high = digits
+    if not 1 <= low <= high:
+        raise DataError(
+            f"calculator_tasks: digits must be (low, high) with 1 <= low <= high, got {digits}"
+        )
+    rng = random.Random(seed)
+    tasks = []
+    for i in range(n):
+        a, b = (_number_of_digits(rng, rng.randint(low, high)) for _ in "ab")
+        expression = f"{a} * {b}"
+        tasks.append(
+            {
+                "id": f"tools-calc-{seed}-{i:05d}",
+                "family": "calc",
+                "question": f"What is {expression}?",
+                "answer": str(a * b),
+                "expression": expression,
+                "files": {},
+            }
+        )
+    return tasks
 
 
 def load_tasks(path: str | Path | None = None) -> list[dict[str, Any]]:

@@ -1,0 +1,96 @@
+"""The tools env's warm start: multi-turn demonstrations played in the real env, rendered
+with the collector's ChatTokens, trained on the assistant's tokens only; and a short
+``env=tools`` run whose greedy eval reward rises (real vLLM, Megatron, disk sync)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from transformers import AutoTokenizer
+
+import vime.envs as envs
+from vime.agents.chat_tokens import ChatTokens
+from vime.agents.tool_parsers import parse_tool_calls
+from vime.errors import DataError
+from vime.rl.config import load_config
+from vime.rl.loop import prepare_model
+from vime.rl.run_dir import RunDir
+from vime.rl.warm_start import demonstration_sample
+from vime.suites.tools.demonstrations import demonstration
+from vime.suites.tools.tasks import calculator_tasks
+
+TOOLS = "vime/Tools-v0"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+def _env():
+    cfg = load_config(["env=tools"])
+    return envs.make(cfg.env.id, **cfg.env.kwargs)
+
+
+def _spans(tokens: list[int], mask: list[int], tok) -> list[tuple[int, str]]:
+    """The sample as (mask, text) runs."""
+    runs: list[tuple[int, list[int]]] = []
+    for t, m in zip(tokens, mask, strict=True):
+        if runs and runs[-1][0] == m:
+            runs[-1][1].append(t)
+        else:
+            runs.append((m, [t]))
+    return [(m, tok.decode(ids, skip_special_tokens=False)) for m, ids in runs]
+
+
+def test_demonstration_trains_only_the_assistant_turns(tokenizer):
+    task = calculator_tasks(1, seed=5)[0]
+    sample = demonstration_sample(_env(), tokenizer, TOOLS, task, demonstration(task))
+    spans = _spans(sample.tokens, sample.loss_mask, tokenizer)
+    # prompt (0), the call (1), the tool's result with the next prompt (0), the box (1),
+    # the template's glue after the last turn (0).
+    assert [m for m, _ in spans] == [0, 1, 0, 1, 0]
+    call, result, answer = spans[1][1], spans[2][1], spans[3][1]
+    assert parse_tool_calls(call).tool_calls[0].arguments == {"expression": task["expression"]}
+    assert f"<tool_response>\n{task['answer']}\n</tool_response>" in result  # masked out
+    assert answer == f"\\boxed{{{task['answer']}}}<|im_end|>"
+    assert sample.advantage == 1.0 and len(sample.rollout_logprobs) == len(sample.tokens)
+
+
+def test_demonstration_tokens_are_the_collectors(tokenizer):
+    """What the collector holds when the policy samples the demonstration's ids."""
+    task = calculator_tasks(1, seed=6)[0]
+    sample = demonstration_sample(_env(), tokenizer, TOOLS, task, demonstration(task))
+    env = _env()
+    messages, _ = env.reset(options={"task": task})
+    chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=TOOLS)
+    for text in demonstration(task):
+        ids = [*chat.encode(text), tokenizer.eos_token_id]
+        chat.add_sampled(ids, [-1.0] * len(ids))
+        new, _, done, _, _ = env.step(parse_tool_calls(text))
+        if not done:
+            chat.add_messages(new)
+    chat.close()
+    assert (sample.tokens, sample.loss_mask) == (chat.tokens, chat.loss_mask)
+    assert tokenizer.decode(chat.tokens) == chat.render(chat.messages, add_generation_prompt=False)
+
+
+def test_bad_demonstrations_are_errors(tokenizer):
+    task = calculator_tasks(1, seed=7)[0]
+    call = demonstration(task)[0]
+    with pytest.raises(DataError, match=r"reward 1\.0"):  # a wrong final answer
+        demonstration_sample(_env(), tokenizer, TOOLS, task, [call, "\\boxed{1}"])
+    with pytest.raises(DataError, match="turn 1"):  # a call that does not parse
+        demonstration_sample(_env(), tokenizer, TOOLS, task, ["<tool_call>{oops</tool_call>"])
+    with pytest.raises(DataError, match="did not end"):  # no final answer
+        demonstration_sample(_env(), tokenizer, TOOLS, task, [call])
+    with pytest.raises(DataError, match="calculator_tasks"):  # a bundled task: no script
+        demonstration({"id": "tools-mul-00", "question": "?", "answer": "1"})
+
+
+def test_swe_on_the_tiny_model_warns_at_start_up(tmp_path, caplog):
+    cfg = load_config(["env=swe", "model.warm_start_steps=0", f"run_root={tmp_path}"])
+    with caplog.at_level(logging.WARNING, logger="vime.train"):
+        prepare_model(cfg, RunDir.create(tmp_path, "swe"))
+    assert any("env=swe needs a real model" in r.getMessage() for r in caplog.records)
