@@ -25,7 +25,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
   # pip's own chatter goes to a log; on failure its tail is shown.
   log="$venv/install.log"
-  if ! "$venv/bin/pip" install -q -e ".[$extra,dev]" >"$log" 2>&1; then
+  if ! "$venv/bin/pip" install -q -e ".[$extra,dev,swe]" >"$log" 2>&1; then
     echo "setup: pip install failed; the end of $log:" >&2
     grep -v "^WARNING: Location" "$log" | tail -n 30 >&2
     exit 1

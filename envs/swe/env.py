@@ -32,7 +32,7 @@ from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message
 
-from .grading import GradeResult, agent_diff, grade, setup_repo
+from .grading import STATUSES, GradeResult, agent_diff, grade, setup_repo
 from .tasks import SWETask, load_bundled
 from .tools import SWE_TOOLS
 
@@ -71,8 +71,23 @@ class SWEConfig:
     grade_timeout: float = 120.0
     # Grade the diff when a limit truncates the episode (else reward 0).
     grade_on_truncation: bool = True
-    # A jsonl of task records ("" = the bundled suite); used when reset gets no task.
+    # A file of task records ("" = the bundled suite); used when reset gets no task.
+    # vime SWETask records (.jsonl/.json), or SWE-bench records (.json, .jsonl, .parquet;
+    # told apart by their "instance_id"), checked when the env is made.
     tasks_path: str = ""
+    # SWE-bench records: a folder of repository snapshots (git repos or plain folders,
+    # named owner__name, owner/name, name or the instance id); each instance gets an
+    # image built from it at base_commit plus its install commands ("" = the records'
+    # own prebuilt images, sweb.eval.x86_64.<instance_id>).
+    repos_dir: str = ""
+    # SWE-bench records: a .json/.yaml file {"owner/name": {version or "*": {"install":
+    # [commands], "test_cmd": "..."}}}; the commands run when the image is built.
+    install_specs: str = ""
+    # SWE-bench image builds: a folder of wheels pip installs from (no index); a pip
+    # wheel there gives the image pip. Needed where containers cannot reach the index.
+    wheels_dir: str = ""
+    # SWE-bench image builds: let the install commands reach the network.
+    build_network: bool = False
     # User for tasks that bring their own image (SWE-bench images keep /testbed root-owned).
     image_user: str = "0:0"
     # Tools offered to the policy (of bash, str_replace, write_file, submit); fewer
@@ -98,26 +113,62 @@ class SWEConfig:
         )
         require(self.max_diff_bytes >= 1, "swe.max_diff_bytes", "must be >= 1")
         require(self.grade_timeout > 0, "swe.grade_timeout", "must be > 0 seconds")
+        for key in ("repos_dir", "wheels_dir"):
+            folder = getattr(self, key)
+            require(not folder or Path(folder).is_dir(), f"swe.{key}", f"{folder} is not a folder")
+        require(
+            not self.install_specs or Path(self.install_specs).is_file(),
+            "swe.install_specs",
+            f"{self.install_specs} is not a file",
+        )
+        uses = self.repos_dir or self.install_specs or self.wheels_dir or self.build_network
+        require(
+            not uses or bool(self.tasks_path),
+            "swe.tasks_path",
+            "repos_dir/install_specs/wheels_dir/build_network apply to SWE-bench records: "
+            "give their file as swe.tasks_path",
+        )
         known = [t.name for t in SWE_TOOLS]
         unknown = [t for t in self.tools if t not in known]
         require(not unknown, "swe.tools", f"unknown tool(s) {unknown}; the SWE tools are {known}")
 
 
-def load_task_file(path: str | Path) -> list[dict[str, Any]]:
-    """Task records from a jsonl file of vime SWE tasks (``SWETask`` fields per line).
+def load_task_file(path: str | Path, config: SWEConfig | None = None) -> list[dict[str, Any]]:
+    """Task records from a file of vime SWE tasks or of SWE-bench records.
+
+    SWE-bench records (a ``.parquet`` file, or records with ``instance_id``) go through
+    :func:`vime.suites.swe.swebench.load_swebench` with the ``config``'s ``repos_dir``,
+    ``install_specs``, ``wheels_dir`` and ``build_network``.
 
     Example (skipped in doctests: it needs a task file on disk):
         >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
     """
-    from vime.envs.tasks import read_records
     from vime.errors import DataError
 
+    from .swebench import load_swebench, read_swebench_file
+
+    cfg = config or SWEConfig()
+    rows = read_swebench_file(path)
+    if rows and all(isinstance(r, dict) and "instance_id" in r for _, r in rows):
+        return load_swebench(
+            path,
+            repos_dir=cfg.repos_dir,
+            install_specs=cfg.install_specs or None,
+            wheels_dir=cfg.wheels_dir,
+            build_network=cfg.build_network,
+            hosts=cfg.sandbox.hosts(),
+        )
+    if cfg.repos_dir or cfg.install_specs or cfg.wheels_dir:
+        raise DataError(
+            f"{path}: swe.repos_dir/install_specs/wheels_dir apply to SWE-bench records "
+            "(with 'instance_id'); these are vime task records"
+        )
     records = []
-    for line, record in read_records(path):
+    for line, record in rows:
         try:
             records.append(SWETask.from_record(record).to_record())
         except DataError as err:
-            raise DataError(f"{path}: line {line}: {err}") from None
+            raise DataError(f"{path}: {line}: {err}") from None
     return records
 
 
@@ -142,6 +193,10 @@ class SWEEnv(ToolEnv):
         self._swe_task: SWETask | None = None
         self._base = ""
         self._output_chars = 0
+        if self.config.tasks_path:
+            # Read and checked now, so a record that cannot run stops the run before any
+            # episode (and SWE-bench instance images are built once, here).
+            self._task_pool = load_task_file(self.config.tasks_path, self.config)
 
     # -- sandboxes -------------------------------------------------------------------
 
@@ -172,8 +227,7 @@ class SWEEnv(ToolEnv):
     ) -> tuple[list[Message], dict[str, Any]]:
         """Start an episode on ``options["task"]`` (or a task drawn with ``np_random``)."""
         super().reset(seed=seed, options=options)
-        path = self.config.tasks_path
-        self.draw_task(lambda: load_task_file(path) if path else load_bundled())
+        self.draw_task(load_bundled)
         try:
             task = SWETask.from_record(self.task)
         except Exception as err:
@@ -187,7 +241,7 @@ class SWEEnv(ToolEnv):
             exec_timeout=self.config.command_timeout,
             max_output_chars=self.config.max_output_chars,
         )
-        self.start_episode(ctx, resolved=0.0, rejected=0.0)
+        self.start_episode(ctx, resolved=0.0, rejected=0.0, unresolved=0.0, error=0.0, tampered=0.0)
         self._base = ""
         self._output_chars = 0
         user = f"<issue>\n{task.problem_statement.strip()}\n</issue>"
@@ -240,15 +294,17 @@ class SWEEnv(ToolEnv):
         if not truncated_by or self.config.grade_on_truncation:
             result = self._grade()
         self.ctx.close()
+        # One of resolved/unresolved/error/tampered is 1: the episode's grading status.
+        self.stats.update({s: float(s == result.status) for s in STATUSES})
         self.stats.update(
-            resolved=float(result.resolved),
-            rejected=float("protected" in result.reason),
+            rejected=float(result.status == "tampered"),
             diff_bytes=float(result.diff_bytes),
             grade_seconds=result.seconds,
         )
         info: dict[str, Any] = {
             "task_id": self._task_id,
             "resolved": result.resolved,
+            "status": result.status,
             "reason": result.reason,
             "tests": result.tests,
         }
@@ -264,7 +320,7 @@ class SWEEnv(ToolEnv):
         try:
             diff = agent_diff(self.ctx.sandbox, task, self._base, self.config.command_timeout)
         except ValueError as err:
-            return GradeResult(False, str(err))
+            return GradeResult(False, str(err), status="error")
         self.ctx.close()  # free the agent's container before starting the grader's
         return grade(
             task,

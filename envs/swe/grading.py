@@ -44,13 +44,21 @@ _GIT = [
 ]
 
 
+STATUSES = ("resolved", "unresolved", "error", "tampered")
+
+
 @dataclass
 class GradeResult:
     """What grading found. ``reward`` is 1.0 only when ``resolved``.
 
+    ``status`` is one of :data:`STATUSES`: ``resolved``; ``unresolved`` (a wrong or
+    empty fix); ``error`` (the tests could not be run or read); ``tampered`` (the diff
+    touches test or grader files, or the code under test patched the test framework).
+
     Example:
-        >>> GradeResult(resolved=False, reason="empty diff").reward
-        0.0
+        >>> r = GradeResult(resolved=False, reason="empty diff")
+        >>> r.reward, r.status
+        (0.0, 'unresolved')
     """
 
     resolved: bool
@@ -58,6 +66,12 @@ class GradeResult:
     tests: dict[str, str] = field(default_factory=dict)
     diff_bytes: int = 0
     seconds: float = 0.0
+    status: str = ""
+
+    def __post_init__(self) -> None:
+        self.status = self.status or ("resolved" if self.resolved else "unresolved")
+        if self.status not in STATUSES:
+            raise ValueError(f"GradeResult.status must be one of {STATUSES}, got {self.status!r}")
 
     @property
     def reward(self) -> float:
@@ -201,12 +215,41 @@ def _write_tree(root: Path, files: dict[str, str | bytes]) -> None:
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
 
 
-def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> dict[str, str]:
+class GradeError(ValueError):
+    """The tests could not be run or read (a patch that does not apply, a timeout, no log)."""
+
+
+def _run_line(task: SWETask, ids: list[str]) -> tuple[str, str]:
+    """The shell and the last script line that runs the task's tests into ``out.txt``."""
+    g = _GRADER_DIR
+    if task.runner == "unittest":
+        # exec: no shell stays around; the grader reads and deletes the nonce file first.
+        return "/bin/sh", (
+            f"exec python3 -B -s -E {g}/grader.py --nonce-file {g}/nonce "
+            f"{shlex.quote(task.repo_dir)} {shlex.join(ids)} > {g}/out.txt 2>&1"
+        )
+    setup = f"{task.setup_cmd}; " if task.setup_cmd else ""
+    if task.runner == "pytest":
+        return "bash", f"set +e; {setup}{task.test_cmd} > {g}/out.txt 2>&1; true"
+    # swebench: the harness's markers around the output, and the tests' own exit code.
+    from .swebench import END_MARK, EXIT_MARK, START_MARK
+
+    return "bash", (
+        f"set +e; {{ {setup}echo '{START_MARK}'; {task.test_cmd}; code=$?; "
+        f"echo '{END_MARK}'; echo \"{EXIT_MARK}: $code\"; }} > {g}/out.txt 2>&1; true"
+    )
+
+
+def run_hidden_tests(
+    sandbox: Any, task: SWETask, diff: str, timeout: float
+) -> tuple[str, dict[str, str]]:
     """In a fresh sandbox: repo, then the agent's diff, then the hidden tests; run them.
 
     Everything travels in two archives and runs as one script (few round trips). Returns
-    one status per test id in ``fail_to_pass + pass_to_pass`` (``"failed"`` for any the
-    runner did not report as passed). Raises ``ValueError`` if the diff does not apply.
+    the status (``resolved``, ``unresolved`` or ``tampered``) and one result per test id
+    in ``fail_to_pass + pass_to_pass`` (``"failed"`` for any not reported as passed).
+    Raises :class:`GradeError` if a patch does not apply, the run times out or (for
+    SWE-bench records) the harness finds no test output.
     """
     ids = task.fail_to_pass + task.pass_to_pass
     nonce = secrets.token_hex(16)
@@ -225,17 +268,8 @@ def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> 
         stage["tests.patch"] = task.test_patch
         apply = shlex.join([*_GIT, "apply", f"{g}/tests.patch"])
         lines.append(f"{apply} || {{ echo VIME_TEST_PATCH_FAILED; exit 4; }}")
-    if task.runner == "unittest":
-        # exec: no shell stays around; the grader reads and deletes the nonce file first.
-        lines.append(
-            f"exec python3 -B -s -E {g}/grader.py --nonce-file {g}/nonce "
-            f"{shlex.quote(task.repo_dir)} {shlex.join(ids)} > {g}/out.txt 2>&1"
-        )
-        shell = "/bin/sh"
-    else:
-        setup = f"{task.setup_cmd}; " if task.setup_cmd else ""
-        lines.append(f"set +e; {setup}{task.test_cmd} > {g}/out.txt 2>&1; true")
-        shell = "bash"
+    shell, run = _run_line(task, ids)
+    lines.append(run)
     with tempfile.TemporaryDirectory(prefix="vime-grade-") as tmp:
         if task.files:
             _write_tree(Path(tmp) / "repo", dict(task.files))
@@ -246,10 +280,24 @@ def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> 
         sandbox.copy_in(Path(tmp) / "stage", g)
     result = sandbox.exec([shell, "-c", "\n".join(lines)], timeout=timeout)
     if "VIME_AGENT_PATCH_FAILED" in result.stdout:
-        raise ValueError(f"the agent's diff does not apply: {result.stderr.strip()[-300:]}")
+        raise GradeError(f"the agent's diff does not apply: {result.stderr.strip()[-300:]}")
     if "VIME_TEST_PATCH_FAILED" in result.stdout:
-        raise ValueError(f"the task's test_patch does not apply: {result.stderr.strip()[-300:]}")
-    output = "" if result.timed_out else sandbox.read_file(f"{g}/out.txt").decode(errors="replace")
+        raise GradeError(f"the task's test_patch does not apply: {result.stderr.strip()[-300:]}")
+    if result.timed_out:
+        raise GradeError(f"the tests ran past grade_timeout ({timeout:g} s)")
+    output = sandbox.read_file(f"{g}/out.txt").decode(errors="replace")
+    return _results(task, ids, output, nonce)
+
+
+def _results(task: SWETask, ids: list[str], output: str, nonce: str) -> tuple[str, dict[str, str]]:
+    """The status and per-test results of the runner's ``output``."""
+    if task.runner == "swebench":
+        from .swebench import harness_grade
+
+        status, tests = harness_grade(task, output)
+        if status == "error":
+            raise GradeError(f"the harness ({task.log_parser}) found no usable test output")
+        return status, tests
     reported: dict[str, str] = {}
     if task.runner == "unittest":
         for line in output.splitlines():
@@ -257,7 +305,10 @@ def run_hidden_tests(sandbox: Any, task: SWETask, diff: str, timeout: float) -> 
                 reported = json.loads(line.split(" ", 2)[2])
     else:
         reported = _parse_pytest(output)
-    return {i: "passed" if reported.get(i) == "passed" else "failed" for i in ids}
+    tests = {i: "passed" if reported.get(i) == "passed" else "failed" for i in ids}
+    if any(reported.get(i) == "tampered" for i in ids):
+        return "tampered", tests
+    return ("resolved" if all(s == "passed" for s in tests.values()) else "unresolved"), tests
 
 
 def grade(
@@ -282,15 +333,22 @@ def grade(
     hits = protected_hits(touched_paths(diff), list(task.protected) + hidden)
     if hits:
         return GradeResult(
-            False, f"the diff edits protected test/grader paths {hits}", diff_bytes=size
+            False,
+            f"the diff edits protected test/grader paths {hits}",
+            diff_bytes=size,
+            status="tampered",
         )
     sandbox = make_sandbox()
     try:
-        tests = run_hidden_tests(sandbox, task, diff, timeout)
-    except ValueError as err:
-        return GradeResult(False, str(err), diff_bytes=size, seconds=time.monotonic() - start)
+        status, tests = run_hidden_tests(sandbox, task, diff, timeout)
+    except GradeError as err:
+        seconds = time.monotonic() - start
+        return GradeResult(False, str(err), diff_bytes=size, seconds=seconds, status="error")
     finally:
         sandbox.close()
     failed = sorted(i for i, s in tests.items() if s != "passed")
     reason = "" if not failed else f"{len(failed)} of {len(tests)} tests failed: {failed[:5]}"
-    return GradeResult(not failed, reason, tests, size, time.monotonic() - start)
+    if status == "tampered":
+        reason = f"the code under test tampered with the test framework; {reason}"
+    seconds = time.monotonic() - start
+    return GradeResult(status == "resolved", reason, tests, size, seconds, status=status)

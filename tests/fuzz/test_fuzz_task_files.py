@@ -35,6 +35,7 @@ def _good(loader: str, text: str, i: int) -> dict[str, Any]:
         return {"id": f"s{i}", "problem_statement": text, "fail_to_pass": [text], "image": "img"}
     return {
         "instance_id": f"o__r-{i}",
+        "repo": "pytest-dev/pytest",  # picks swebench's log parser
         "problem_statement": text,
         "test_patch": f"+++ b/t{i}.py\n",
         "FAIL_TO_PASS": json.dumps([text]),

@@ -5,9 +5,8 @@ A task is a plain dict (so it travels through jsonl files and ``reset(options={"
 
 - :func:`load_bundled`: the tasks in ``envs/swe/tasks/data/`` (small Python repos with a
   bug, hidden unittest tests and a reference fix; built here, no network);
-- :func:`load_swebench`: SWE-bench-style records (``instance_id``, ``problem_statement``,
-  ``patch``, ``test_patch``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``) for users who have the
-  instance images (or a local repo snapshot).
+- :func:`load_swebench`: SWE-bench records (``.json``, ``.jsonl``, ``.parquet``), graded
+  with swebench's own log parsers; see :mod:`vime.suites.swe.swebench`.
 
 Example:
     >>> tasks = load_bundled()
@@ -18,19 +17,19 @@ Example:
 from __future__ import annotations
 
 import importlib
-import json
 import pkgutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vime.envs.tasks import read_records
 from vime.errors import DataError
 
 # Paths an agent's diff may not touch: the tests the grader adds or runs.
 DEFAULT_PROTECTED = ("tests/*", "test/*", "*/tests/*", "test_*.py", "*_test.py", "conftest.py")
 
-RUNNERS = ("unittest", "pytest")
+# unittest: vime's runner (grader.py); pytest: `pytest -rA` lines; swebench: the official
+# harness's log parser named by ``log_parser`` (SWE-bench records).
+RUNNERS = ("unittest", "pytest", "swebench")
 
 
 def _is_str(value: Any) -> bool:
@@ -95,6 +94,11 @@ class SWETask:
     protected: list[str] = field(default_factory=lambda: list(DEFAULT_PROTECTED))
     solution: list[list[str]] = field(default_factory=list)
     gold_patch: str = ""
+    # SWE-bench records only: what the harness grades by.
+    repo: str = ""
+    version: str = ""
+    log_parser: str = ""
+    eval_type: str = ""
 
     def __post_init__(self) -> None:
         where = f"SWE task {str(self.id)[:60]!r}"
@@ -113,10 +117,12 @@ class SWETask:
             raise DataError(f"{where}: give the repository as 'files', 'repo_path' or 'image'")
         if self.runner not in RUNNERS:
             raise DataError(f"{where}: 'runner' must be one of {RUNNERS}, got {self.runner!r}")
-        if self.runner == "pytest" and not self.test_cmd:
+        if self.runner in ("pytest", "swebench") and not self.test_cmd:
             raise DataError(
-                f"{where}: runner 'pytest' needs 'test_cmd' (e.g. 'pytest -rA tests/x.py')"
+                f"{where}: runner {self.runner!r} needs 'test_cmd' (e.g. 'pytest -rA tests/x.py')"
             )
+        if self.runner == "swebench" and not self.log_parser:
+            raise DataError(f"{where}: runner 'swebench' needs 'log_parser' (a swebench parser)")
         if not self.repo_dir.startswith("/"):
             raise DataError(f"{where}: 'repo_dir' must be an absolute path, got {self.repo_dir!r}")
 
@@ -178,105 +184,22 @@ def load_bundled() -> list[dict[str, Any]]:
     return records
 
 
-def _as_list(value: Any, field_name: str, where: str) -> list[str]:
-    # SWE-bench stores the test lists as JSON-encoded strings.
-    if isinstance(value, str):
-        try:
-            value = json.loads(value) if value.strip() else []
-        except json.JSONDecodeError as err:
-            raise DataError(f"{where}: {field_name} is not a JSON list: {err}") from err
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise DataError(f"{where}: {field_name} must be a list of test ids")
-    return value
+def swebench_record(record: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
+    """One SWE-bench record as a task dict: :func:`vime.suites.swe.swebench.swebench_record`."""
+    from ..swebench import swebench_record as convert
 
-
-def _patched_files(patch: str) -> list[str]:
-    files = []
-    for line in patch.splitlines():
-        if line.startswith("+++ b/"):
-            files.append(line[len("+++ b/") :])
-    return files
-
-
-_SWEBENCH_OPTIONAL_TEXT = ("patch", "image", "image_name", "repo_path", "test_cmd")
-
-
-def swebench_record(
-    record: dict[str, Any],
-    *,
-    image_template: str = "sweb.eval.x86_64.{instance_id}:latest",
-    repo_dir: str = "/testbed",
-    setup_cmd: str = "source /opt/miniconda3/bin/activate testbed 2>/dev/null || true",
-) -> dict[str, Any]:
-    """Convert one SWE-bench instance record into a vime SWE task dict.
-
-    The image is the record's ``image``/``image_name`` if present, else
-    ``image_template`` filled with ``instance_id``; a record with ``repo_path`` (a local
-    snapshot at ``base_commit``) runs on the env's base image instead. Tests run with
-    pytest (``-rA`` output is parsed per test id) on the files ``test_patch`` touches.
-
-    Example:
-        >>> rec = {"instance_id": "a__b-1", "problem_statement": "bug", "patch": "",
-        ...        "test_patch": "+++ b/tests/test_x.py\\n", "FAIL_TO_PASS": '["tests/test_x.py::t"]',
-        ...        "PASS_TO_PASS": "[]"}
-        >>> swebench_record(rec)["test_cmd"]
-        'pytest -rA --tb=no -p no:cacheprovider tests/test_x.py'
-    """
-    if not isinstance(record, dict):
-        raise DataError(f"a SWE-bench record must be an object, got {type(record).__name__}")
-    where = f"SWE-bench record {str(record.get('instance_id', '?'))[:60]!r}"
-    for key in ("instance_id", "problem_statement", "test_patch", "FAIL_TO_PASS"):
-        if key not in record:
-            raise DataError(f"{where}: missing field {key!r}")
-    for key in ("instance_id", "problem_statement", "test_patch", *_SWEBENCH_OPTIONAL_TEXT):
-        if key in record and not isinstance(record[key], str):
-            got = type(record[key]).__name__
-            raise DataError(f"{where}: field {key!r} must be a string, got {got}")
-    test_files = _patched_files(record["test_patch"])
-    image = record.get("image") or record.get("image_name") or ""
-    if not image and not record.get("repo_path"):
-        image = image_template.format(instance_id=record["instance_id"].lower())
-    task = SWETask(
-        id=record["instance_id"],
-        problem_statement=record["problem_statement"],
-        fail_to_pass=_as_list(record["FAIL_TO_PASS"], "FAIL_TO_PASS", where),
-        pass_to_pass=_as_list(record.get("PASS_TO_PASS", []), "PASS_TO_PASS", where),
-        test_patch=record["test_patch"],
-        gold_patch=record.get("patch", ""),
-        image=image,
-        repo_path=record.get("repo_path", ""),
-        repo_dir=repo_dir,
-        runner="pytest",
-        test_cmd=record.get("test_cmd")
-        or "pytest -rA --tb=no -p no:cacheprovider " + " ".join(test_files),
-        setup_cmd=setup_cmd if image else "",
-        protected=test_files + list(DEFAULT_PROTECTED),
-    )
-    return task.to_record()
+    return convert(record, **kwargs)
 
 
 def load_swebench(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """Load SWE-bench-style records from a ``.jsonl`` or ``.json`` file as vime SWE tasks.
-
-    A ``.json`` file holds a list of records, one record, or JSON lines. A bad record
-    raises :class:`DataError` naming the file, its line and the field.
-
-    Keyword arguments go to :func:`swebench_record` (``image_template``, ``repo_dir``...).
+    """SWE-bench records from a file as tasks: :func:`vime.suites.swe.swebench.load_swebench`.
 
     Example:
-        >>> import tempfile
-        >>> rec = {"instance_id": "a__b-1", "problem_statement": "bug", "FAIL_TO_PASS": ["t.py::t"],
-        ...        "test_patch": "+++ b/t.py\\n"}
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     path = Path(tmp) / "lite.jsonl"
-        ...     _ = path.write_text(json.dumps(rec) + "\\n")
-        ...     [(t["id"], t["image"]) for t in load_swebench(path)]
-        [('a__b-1', 'sweb.eval.x86_64.a__b-1:latest')]
+        >>> load_swebench("missing.parquet")
+        Traceback (most recent call last):
+        ...
+        vime.errors.DataError: missing.parquet: file not found (check the path; cwd is ...)
     """
-    tasks = []
-    for line, record in read_records(path):
-        try:
-            tasks.append(swebench_record(record, **kwargs))
-        except DataError as err:
-            raise DataError(f"{path}: line {line}: {err}") from None
-    return tasks
+    from ..swebench import load_swebench as load
+
+    return load(path, **kwargs)

@@ -99,6 +99,7 @@ def test_grader_detects_monkeypatched_unittest(tmp_path):
 def test_swebench_loader(tmp_path):
     rec = {
         "instance_id": "Org__Repo-12",
+        "repo": "pytest-dev/pytest",
         "problem_statement": "bug",
         "patch": "--- a/x.py\n+++ b/x.py\n",
         "test_patch": "--- a/tests/test_x.py\n+++ b/tests/test_x.py\n",
@@ -110,7 +111,8 @@ def test_swebench_loader(tmp_path):
     (task,) = load_swebench(path)
     assert task["image"] == "sweb.eval.x86_64.org__repo-12:latest"
     assert task["fail_to_pass"] == ["tests/test_x.py::test_a"]
-    assert "tests/test_x.py" in task["protected"] and task["runner"] == "pytest"
+    assert "tests/test_x.py" in task["protected"] and task["runner"] == "swebench"
+    assert task["log_parser"] == "parse_log_pytest"  # swebench's parser for the repo
     assert task["repo_dir"] == "/testbed"
     local = swebench_record({**rec, "repo_path": str(tmp_path)})
     assert local["image"] == "" and local["setup_cmd"] == ""

@@ -1,0 +1,193 @@
+"""SWE-bench records as users have them: every file form, an image per instance built
+offline from a local snapshot, graded by swebench's own log parsers in real sandboxes.
+
+The instances (``swebench_instances.py``) are tiny local repos named after SWE-bench
+repos whose parsers differ: ``pallets/flask`` (pytest) and ``django/django`` (unittest).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+
+import vime
+from vime.errors import ConfigError, DataError
+from vime.sandbox import SandboxConfig
+from vime.sandbox.leases import close_pools, lease
+from vime.suites.swe.env import SWEEnv
+from vime.suites.swe.grading import run_hidden_tests
+from vime.suites.swe.swebench import load_swebench, read_swebench_file
+from vime.suites.swe.tasks import SWETask
+from vime.types import Action, ToolCall
+
+from .swebench_instances import INSTALL_SPECS, make_instances, write_forms
+
+
+@pytest.fixture(scope="module")
+def instances(tmp_path_factory):
+    root = tmp_path_factory.mktemp("swebench")
+    repos, records = make_instances(root)
+    specs = root / "specs.json"
+    specs.write_text(json.dumps(INSTALL_SPECS))
+    return {"repos": repos, "records": records, "specs": specs, "forms": write_forms(root, records)}
+
+
+def _bash(command: str) -> Action:
+    return Action(text="", tool_calls=[ToolCall("bash", {"command": command})])
+
+
+SUBMIT = Action(text="", tool_calls=[ToolCall("submit", {})])
+
+
+def _apply(patch: str) -> Action:
+    # The patch goes to /tmp (outside the repo), so only its effect is in the agent's diff.
+    return _bash(f"cat > /tmp/p.diff <<'VIME_EOF'\n{patch}VIME_EOF\ngit apply /tmp/p.diff")
+
+
+def _episode(env, task_id: str, *actions: Action) -> tuple[float, dict, dict]:
+    task = next(t for t in env.unwrapped._task_pool if t["id"] == task_id)
+    env.reset(options={"task": task})
+    for action in actions:
+        env.step(action)
+    _, reward, terminated, _, info = env.step(SUBMIT)
+    assert terminated
+    return reward, info, env.episode_metrics()
+
+
+def test_every_file_form_reads_the_same_records(instances):
+    """No Docker: the four forms hold the same records, and the parsers come from swebench."""
+    one, *rest = (read_swebench_file(p) for p in instances["forms"].values())
+    assert [r for _, r in one] == instances["records"][:1]
+    for rows in rest:
+        assert [r for _, r in rows] == instances["records"]
+    # Without repos_dir: SWE-bench's prebuilt images, nothing built here.
+    django_spec = {"django/django": INSTALL_SPECS["django/django"]}
+    tasks = load_swebench(instances["forms"]["jsonl"], install_specs=django_spec)
+    assert [t["log_parser"] for t in tasks] == ["parse_log_pytest", "parse_log_django"]
+    assert tasks[0]["test_cmd"] == "pytest -rA --tb=no -p no:cacheprovider tests/test_slug.py"
+    assert tasks[0]["image"] == "sweb.eval.x86_64.pallets__flask-1:latest"
+
+
+@pytest.mark.parametrize(
+    ("change", "field"),
+    [
+        ({"FAIL_TO_PASS": None}, "'FAIL_TO_PASS'"),
+        ({"FAIL_TO_PASS": "[not json"}, "'FAIL_TO_PASS' is not a JSON list"),
+        ({"repo": "nobody/nothing"}, "field 'repo' 'nobody/nothing' has no log parser"),
+        ({"log_parser": "parse_log_nope"}, "field 'log_parser'"),
+        ({"base_commit": "0" * 40}, "field 'base_commit'"),
+        ({"base_commit": ""}, "field 'base_commit' is missing"),
+        ({"problem_statement": 3}, "field 'problem_statement' must be a string"),
+    ],
+)
+def test_a_record_that_cannot_run_is_named_before_any_episode(instances, tmp_path, change, field):
+    records = [dict(instances["records"][0]), {**instances["records"][1], **change}]
+    records[1] = {k: v for k, v in records[1].items() if v is not None}
+    # pyarrow takes the columns from the first row: give it every changed one.
+    records[0].update({k: "" for k in change if k not in records[0]})
+    if "problem_statement" in change:  # parquet wants one type per column
+        path = tmp_path / "bad.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        path = tmp_path / "bad.parquet"
+        pq.write_table(pa.Table.from_pylist(records), path)
+    where = "row 1" if path.suffix == ".parquet" else "line 2"
+    pattern = rf"{where}: SWE-bench record 'django__django-1'.*{field}"
+    with pytest.raises(DataError, match=pattern):
+        # Made with repos_dir, the env reads and checks every record (and would build).
+        SWEEnv(
+            tasks_path=str(path),
+            repos_dir=str(instances["repos"]),
+            install_specs=str(instances["specs"]),
+        )
+
+
+def test_config_keys_are_checked(instances, tmp_path):
+    with pytest.raises(ConfigError, match=r"swe.repos_dir"):
+        SWEEnv(tasks_path=str(instances["forms"]["jsonl"]), repos_dir=str(tmp_path / "none"))
+    with pytest.raises(ConfigError, match=r"swe.tasks_path"):
+        SWEEnv(repos_dir=str(instances["repos"]))
+    with pytest.raises(DataError, match="no repository snapshot for field 'repo'"):
+        SWEEnv(tasks_path=str(instances["forms"]["jsonl"]), repos_dir=str(tmp_path))
+    with pytest.raises(DataError, match="test_cmd' is missing: parse_log_django"):
+        load_swebench(instances["forms"]["jsonl"], repos_dir=instances["repos"])
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_records_in_every_form_build_and_grade(instances, docker_host):
+    """Gold patch resolved, empty unresolved, test edit tampered, a hang an error; per form."""
+    tag = uuid.uuid4().hex[:12]
+    sandbox = SandboxConfig(
+        memory="512m", env={"HOME": "/tmp"}, labels={"vime.env": "swe", "vime.test": tag}
+    )
+    keys = {"repos_dir": str(instances["repos"]), "install_specs": str(instances["specs"])}
+    by_form = {}
+    for form, path in instances["forms"].items():
+        env = vime.make("vime/SWE-v0", tasks_path=str(path), sandbox=sandbox, **keys)
+        by_form[form] = env
+        flask = next(t for t in env.unwrapped._task_pool if t["id"] == "pallets__flask-1")
+        assert flask["image"].startswith("vime/layer:") and flask["runner"] == "swebench"
+        reward, info, metrics = _episode(env, "pallets__flask-1", _apply(flask["gold_patch"]))
+        assert (reward, info["status"], metrics["resolved"]) == (1.0, "resolved", 1.0), info
+        assert info["tests"] == {
+            "tests/test_slug.py::test_many_spaces": "passed",
+            "tests/test_slug.py::test_simple": "passed",
+        }
+    images = {f: sorted(t["image"] for t in e.unwrapped._task_pool) for f, e in by_form.items()}
+    assert images["json_list"] == images["jsonl"] == images["parquet"]  # one image each
+    assert set(images["json_one"]) < set(images["parquet"])
+
+    env = by_form["parquet"]
+    for task_id, test_file in (
+        ("pallets__flask-1", "tests/test_slug.py"),
+        ("django__django-1", "tests/test_dates.py"),
+    ):
+        task = next(t for t in env.unwrapped._task_pool if t["id"] == task_id)
+        if task_id.startswith("django"):
+            reward, info, _ = _episode(env, task_id, _apply(task["gold_patch"]))
+            assert (reward, info["status"]) == (1.0, "resolved"), info
+        # The empty patch: nothing to grade in an episode, and the harness agrees.
+        reward, info, metrics = _episode(env, task_id)
+        assert (reward, info["status"], metrics["unresolved"]) == (0.0, "unresolved", 1.0)
+        box = lease(env.unwrapped._sandbox_config(SWETask.from_record(task)))
+        try:
+            status, tests = run_hidden_tests(box, SWETask.from_record(task), "", 60)
+        finally:
+            box.close()
+        assert status == "unresolved" and tests[task["fail_to_pass"][0]] == "failed", tests
+        assert tests[task["pass_to_pass"][0]] == "passed"
+        # The gold fix plus a test edit: tampered, not "tests failed".
+        cheat = _bash(f"echo '# skip' >> {test_file}")
+        reward, info, metrics = _episode(env, task_id, _apply(task["gold_patch"]), cheat)
+        assert (reward, info["status"], metrics["tampered"]) == (0.0, "tampered", 1.0), info
+
+    # A fix that hangs the tests past grade_timeout: the run is an error, not a wrong fix.
+    hang = vime.make(
+        "vime/SWE-v0",
+        tasks_path=str(instances["forms"]["json_one"]),
+        sandbox=sandbox,
+        grade_timeout=5.0,
+        **keys,
+    )
+    slow = _bash("printf 'import time\\ntime.sleep(60)\\n' >> slugger/slug.py")
+    reward, info, metrics = _episode(hang, "pallets__flask-1", slow)
+    assert (reward, info["status"], metrics["error"]) == (0.0, "error", 1.0), info
+    for e in [*by_form.values(), hang]:
+        e.close()
+    import docker
+
+    close_pools()
+    assert docker.from_env().containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
+
+
+def test_load_swebench_reads_a_path_or_str(instances):
+    tasks = load_swebench(str(instances["forms"]["json_one"]))
+    assert [t["id"] for t in tasks] == ["pallets__flask-1"]
+    assert Path(instances["forms"]["parquet"]).stat().st_size > 0
