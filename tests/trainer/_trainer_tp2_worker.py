@@ -96,3 +96,53 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
         (out / "found.json").write_text(json.dumps(found))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None:
+    """TP=2 logits (saved by rank 0 as ``logits_<family>.pt``) and HF exports
+    (``export_<family>``) of each checkpoint; for an MoE one, the trainer's TP=2 log-probs
+    and the refusal of a TP=2 MoE training step."""
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(1)
+    import transformers as tf
+    from _trainer_samples import random_samples
+
+    from vime.errors import UnsupportedArchitectureError
+    from vime.trainer.compat import init_rng_tracker
+    from vime.trainer.hf import export_hf, load_hf_weights
+    from vime.trainer.model import build_gpt_model
+    from vime.trainer.parallel import init_distributed
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    out = Path(out_dir)
+    found: dict[str, Any] = {}
+    init_distributed(tp=2)
+    init_rng_tracker(0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for family, folder in checkpoints.items():
+        cfg = tf.AutoConfig.from_pretrained(folder)
+        model = build_gpt_model(cfg)
+        load_hf_weights(model, folder)
+        model.to(device).eval()
+        generator = torch.Generator().manual_seed(5)
+        ids = torch.randint(0, cfg.vocab_size, (2, 40), generator=generator).to(device)
+        logits = gathered_logits(model, ids)
+        export_hf(model, out / f"export_{family}", like=folder)
+        if rank == 0:
+            torch.save({"ids": ids.cpu(), "logits": logits.cpu()}, out / f"logits_{family}.pt")
+        if model.hf_spec.num_experts:
+            trainer = Trainer(folder, TrainerConfig(micro_batch_tokens=64), tp=2)
+            samples = random_samples(4, cfg.vocab_size, seed=3)
+            found[f"{family}_logprobs"] = trainer.compute_logprobs(samples)
+            try:
+                trainer.train_step(samples)
+                found[f"{family}_train"] = "trained"
+            except UnsupportedArchitectureError as e:
+                found[f"{family}_train"] = str(e)
+    if rank == 0:
+        (out / "found.json").write_text(json.dumps(found))
+    dist.barrier()
+    dist.destroy_process_group()

@@ -148,3 +148,20 @@ def init_rng_tracker(seed: int) -> None:
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         return
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def allow_moe_without_transformer_engine() -> None:
+    """Let megatron-core 0.16's MoE router run without transformer-engine (CPU, or a GPU
+    without it): its gating reads ``te_general_gemm``, a name only defined when
+    transformer-engine imports (a ``NameError`` otherwise); ``None`` selects its torch path.
+
+    Example:
+        >>> allow_moe_without_transformer_engine()
+        >>> from megatron.core.transformer.moe import moe_utils
+        >>> hasattr(moe_utils, "te_general_gemm")
+        True
+    """
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None  # type: ignore[attr-defined]

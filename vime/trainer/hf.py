@@ -51,6 +51,17 @@ class _Map:
     mcore: str
     hf: tuple[str, ...]
     kind: str
+    # An MoE expert's weight: split over the expert tensor-parallel group, not the TP group
+    # (the same ranks while expert parallelism is 1, as in vime).
+    expert: bool = False
+
+
+def _tp_group(expert: bool) -> Any:
+    from megatron.core import parallel_state as ps
+
+    if expert:
+        return ps.get_expert_tensor_parallel_group()
+    return ps.get_tensor_model_parallel_group()
 
 
 def _param_maps(model: Any) -> list[_Map]:
@@ -63,42 +74,7 @@ def _param_maps(model: Any) -> list[_Map]:
         )
     for local, layer in enumerate(model.decoder.layers):
         i = layer.layer_number - 1  # global, 0-based (layer_number is global and 1-based)
-        m, h = f"decoder.layers.{local}.", f"model.layers.{i}."
-        att = h + "self_attn."
-        maps += [
-            _Map(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated"),
-            _Map(
-                m + "self_attention.linear_qkv.weight",
-                (att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"),
-                "qkv",
-            ),
-            _Map(m + "self_attention.linear_proj.weight", (att + "o_proj.weight",), "row"),
-            _Map(
-                m + "pre_mlp_layernorm.weight",
-                (h + "post_attention_layernorm.weight",),
-                "replicated",
-            ),
-            _Map(
-                m + "mlp.linear_fc1.weight",
-                (h + "mlp.gate_proj.weight", h + "mlp.up_proj.weight"),
-                "fc1",
-            ),
-            _Map(m + "mlp.linear_fc2.weight", (h + "mlp.down_proj.weight",), "row"),
-        ]
-        if spec.qkv_bias:
-            names = (att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias")
-            maps.append(_Map(m + "self_attention.linear_qkv.bias", names, "qkv"))
-        if spec.qk_norm:
-            maps.append(
-                _Map(
-                    m + "self_attention.q_layernorm.weight", (att + "q_norm.weight",), "replicated"
-                )
-            )
-            maps.append(
-                _Map(
-                    m + "self_attention.k_layernorm.weight", (att + "k_norm.weight",), "replicated"
-                )
-            )
+        maps += _layer_maps(f"decoder.layers.{local}.", i, spec)
     if model.post_process:
         maps.append(_Map("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
         if not (spec.tied_embeddings and model.pre_process):
@@ -107,6 +83,55 @@ def _param_maps(model: Any) -> list[_Map]:
             src = "model.embed_tokens.weight" if spec.tied_embeddings else "lm_head.weight"
             maps.append(_Map("output_layer.weight", (src,), "vocab"))
     return maps
+
+
+def _layer_maps(m: str, i: int, spec: ModelSpec) -> list[_Map]:
+    """The maps of decoder layer ``i`` (global), whose Megatron prefix on this stage is ``m``."""
+    h = f"model.layers.{i}."
+    att = h + "self_attn."
+    maps = [
+        _Map(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated"),
+        _Map(
+            m + "self_attention.linear_qkv.weight",
+            (att + "q_proj.weight", att + "k_proj.weight", att + "v_proj.weight"),
+            "qkv",
+        ),
+        _Map(m + "self_attention.linear_proj.weight", (att + "o_proj.weight",), "row"),
+        _Map(
+            m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "replicated"
+        ),
+    ]
+    if spec.qkv_bias:
+        names = (att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias")
+        maps.append(_Map(m + "self_attention.linear_qkv.bias", names, "qkv"))
+    if spec.qk_norm:
+        for x in ("q", "k"):
+            maps.append(
+                _Map(
+                    m + f"self_attention.{x}_layernorm.weight",
+                    (att + f"{x}_norm.weight",),
+                    "replicated",
+                )
+            )
+    if not spec.is_moe_layer(i):
+        return maps + _mlp_maps(m + "mlp.", h + "mlp.", expert=False)
+    # Qwen3-MoE's sparse block: the router, then one gated MLP per expert (all of them on
+    # every rank: no expert parallelism, each expert split over TP like a dense MLP).
+    maps.append(_Map(m + "mlp.router.weight", (h + "mlp.gate.weight",), "replicated"))
+    for e in range(spec.num_experts):
+        maps += _mlp_maps(
+            m + f"mlp.experts.local_experts.{e}.", h + f"mlp.experts.{e}.", expert=True
+        )
+    return maps
+
+
+def _mlp_maps(m: str, h: str, *, expert: bool) -> list[_Map]:
+    return [
+        _Map(
+            m + "linear_fc1.weight", (h + "gate_proj.weight", h + "up_proj.weight"), "fc1", expert
+        ),
+        _Map(m + "linear_fc2.weight", (h + "down_proj.weight",), "row", expert),
+    ]
 
 
 def _interleave_qkv(
@@ -229,11 +254,8 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
     Example (skipped as a doctest: it needs a Megatron model, see :func:`~vime.trainer.model.build_gpt_model`):
         >>> load_hf_weights(model, "ckpt/hf")  # doctest: +SKIP
     """
-    from megatron.core import parallel_state as ps
-
     model = _unwrap(model)
     spec: ModelSpec = model.hf_spec
-    tp, rank = ps.get_tensor_model_parallel_world_size(), ps.get_tensor_model_parallel_rank()
     maps = _param_maps(model)
     wanted = {n for m in maps for n in m.hf}
     state = read_hf_state(folder, wanted)
@@ -244,6 +266,8 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
         )
     params = dict(model.named_parameters())
     for m in maps:
+        group = _tp_group(m.expert)
+        tp, rank = dist.get_world_size(group), dist.get_rank(group)
         local = hf_to_local(m.kind, [state[n] for n in m.hf], spec, tp, rank)
         param = params[m.mcore]
         if tuple(local.shape) != tuple(param.shape):
@@ -254,14 +278,13 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
         param.copy_(local.to(param.dtype))
 
 
-def _gather_tp(t: torch.Tensor) -> list[torch.Tensor]:
-    from megatron.core import parallel_state as ps
-
-    tp = ps.get_tensor_model_parallel_world_size()
+def _gather_tp(t: torch.Tensor, *, expert: bool = False) -> list[torch.Tensor]:
+    group = _tp_group(expert)
+    tp = dist.get_world_size(group)
     if tp == 1:
         return [t]
     shards = [torch.empty_like(t) for _ in range(tp)]
-    dist.all_gather(shards, t.contiguous(), group=ps.get_tensor_model_parallel_group())
+    dist.all_gather(shards, t.contiguous(), group=group)
     return shards
 
 
@@ -281,7 +304,7 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     params = dict(model.named_parameters())
     stage: dict[str, torch.Tensor] = {}
     for m in _param_maps(model):
-        shards = _gather_tp(params[m.mcore].detach())
+        shards = _gather_tp(params[m.mcore].detach(), expert=m.expert)
         if m.mcore == "output_layer.weight" and spec.tied_embeddings:
             continue  # the last stage's copy of the tied embedding is not an HF tensor
         for name, t in zip(m.hf, local_to_hf(m.kind, shards, spec), strict=True):

@@ -1,4 +1,5 @@
-"""Megatron-core GPT models built from Hugging Face configs (Llama 2/3.x, Mistral, Qwen2/2.5, Qwen3).
+"""Megatron-core GPT models built from Hugging Face configs (Llama 2/3.x, Mistral, Qwen2/2.5,
+Qwen3, Qwen3-MoE).
 
 :func:`model_spec_from_hf` reads an HF config into a small :class:`ModelSpec` (and refuses
 what cannot be mapped exactly); :func:`megatron_config_from_hf` turns it into a Megatron
@@ -24,7 +25,9 @@ import torch.nn.functional as F
 
 from vime.errors import UnsupportedArchitectureError
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
+# Gemma 2/3 need parts megatron-core 0.16's GPT layer does not have (see _refuse_gemma).
+GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Llama 3.x rope scaling: megatron-core's RotaryEmbedding takes only the factor and fixes
 # the other three parameters to these values (those of every published Llama 3.1/3.2/3.3).
 LLAMA3_ROPE_FIXED = {
@@ -60,6 +63,23 @@ class ModelSpec:
     qk_norm: bool
     # Llama 3.x rope scaling factor (``rope_type: llama3``); None: plain RoPE.
     llama3_rope_factor: float | None = None
+    # Mixture of experts (Qwen3-MoE). ``moe_layers[i]``: layer i's MLP is the sparse block
+    # (the others are dense MLPs of ``ffn_hidden_size``); empty: a dense model.
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_ffn_hidden_size: int = 0
+    norm_topk_prob: bool = False
+    moe_layers: tuple[bool, ...] = ()
+
+    def is_moe_layer(self, index: int) -> bool:
+        """True when layer ``index`` (global, 0-based) has the sparse MoE block as its MLP.
+
+        Example:
+            >>> ModelSpec("qwen3_moe", 2, 8, 8, 1, 1, 8, 8, 128, 1e-6, 1e4, 8, False, False,
+            ...           True, moe_layers=(False, True)).is_moe_layer(1)
+            True
+        """
+        return bool(self.moe_layers) and self.moe_layers[index]
 
 
 def _rope_params(cfg: Any) -> dict[str, Any]:
@@ -118,6 +138,93 @@ def _check_sliding_window(cfg: Any, family: str) -> None:
         )
 
 
+def _gemma_gaps(cfg: Any) -> list[str]:
+    """What a Gemma config needs that megatron-core 0.16's GPT model cannot compute.
+
+    Example:
+        >>> from transformers import Gemma2Config
+        >>> [gap.split(":")[0] for gap in _gemma_gaps(Gemma2Config())][:2]
+        ['model_type=gemma2', 'final_logit_softcapping=30.0']
+    """
+    family = cfg.model_type
+    gaps = []
+    if family != "gemma":
+        gaps.append(
+            f"model_type={family}: every layer has post_attention_layernorm and "
+            "post_feedforward_layernorm on the sublayer outputs (sandwich norms); "
+            "megatron-core's TransformerLayer normalises only sublayer inputs"
+        )
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if getattr(cfg, key, None) is not None:
+            gaps.append(
+                f"{key}={getattr(cfg, key)}: tanh soft-capping of the "
+                f"{'output logits' if key.startswith('final') else 'attention scores'} has no "
+                "megatron-core GPT option"
+            )
+    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        gaps.append(
+            f"layer_types / sliding_window={cfg.sliding_window}: alternating local and global "
+            "attention layers; the trainer attends to every earlier token in every layer"
+        )
+    if getattr(cfg, "rope_parameters", None) and "sliding_attention" in cfg.rope_parameters:
+        gaps.append(
+            "rope_parameters per layer type (rope_local_base_freq): two rotary bases; "
+            "megatron-core's GPT model has one"
+        )
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    scalar = getattr(cfg, "query_pre_attn_scalar", None)
+    if scalar is not None and int(scalar) != int(head_dim):
+        gaps.append(f"query_pre_attn_scalar={scalar} != head_dim={head_dim}: another softmax scale")
+    gaps.append(
+        "embeddings scaled by sqrt(hidden_size) and RMSNorm as x * (1 + weight): not in "
+        "vime's mapping (megatron-core's GPT embedding has no scale)"
+    )
+    return gaps
+
+
+def _refuse_gemma(cfg: Any) -> None:
+    """Raise naming every Gemma field the Megatron model would not reproduce."""
+    raise UnsupportedArchitectureError(
+        f"model_type={cfg.model_type!r} (Gemma) is not supported: "
+        + "; ".join(_gemma_gaps(cfg))
+        + f". Supported model types: {', '.join(SUPPORTED_FAMILIES)} (docs/models.md)"
+    )
+
+
+def _moe_fields(cfg: Any, family: str) -> dict[str, Any]:
+    """The MoE fields of :class:`ModelSpec` from a Qwen3-MoE config (none for dense ones).
+
+    Layer i is sparse when it is not in ``mlp_only_layers`` and ``(i + 1)`` is a multiple of
+    ``decoder_sparse_step`` (transformers' and vLLM's rule).
+
+    Example:
+        >>> from transformers import Qwen3MoeConfig
+        >>> _moe_fields(Qwen3MoeConfig(num_hidden_layers=3, mlp_only_layers=[1]), "qwen3_moe")[
+        ...     "moe_layers"]
+        (True, False, True)
+    """
+    experts = int(getattr(cfg, "num_experts", 0) or 0) if family == "qwen3_moe" else 0
+    if experts == 0:
+        return {}
+    top_k = int(cfg.num_experts_per_tok)
+    if not 0 < top_k <= experts:
+        raise UnsupportedArchitectureError(
+            f"num_experts_per_tok={top_k}: must be between 1 and num_experts={experts}"
+        )
+    step = int(getattr(cfg, "decoder_sparse_step", 1) or 1)
+    dense = {int(i) for i in (getattr(cfg, "mlp_only_layers", None) or [])}
+    layers = tuple(
+        i not in dense and (i + 1) % step == 0 for i in range(int(cfg.num_hidden_layers))
+    )
+    return dict(
+        num_experts=experts,
+        experts_per_token=top_k,
+        moe_ffn_hidden_size=int(cfg.moe_intermediate_size),
+        norm_topk_prob=bool(cfg.norm_topk_prob),
+        moe_layers=layers,
+    )
+
+
 def model_spec_from_hf(cfg: Any) -> ModelSpec:
     """Read an HF ``PretrainedConfig`` into a :class:`ModelSpec`, or raise.
 
@@ -130,6 +237,8 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
         1
     """
     family = getattr(cfg, "model_type", None)
+    if family in GEMMA_FAMILIES:
+        _refuse_gemma(cfg)
     if family not in SUPPORTED_FAMILIES:
         raise UnsupportedArchitectureError(
             f"model_type={family!r} (architectures={getattr(cfg, 'architectures', None)}) is not "
@@ -169,9 +278,10 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
         max_position_embeddings=int(cfg.max_position_embeddings),
         tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias=True.
-        qkv_bias=family == "qwen2" or (family == "qwen3" and attention_bias),
-        qk_norm=family == "qwen3",
+        qkv_bias=family == "qwen2" or (family in ("qwen3", "qwen3_moe") and attention_bias),
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         llama3_rope_factor=llama3_factor,
+        **_moe_fields(cfg, family),
     )
 
 
@@ -242,6 +352,38 @@ def megatron_config_from_hf(
         # Per-token loss normalisation is done by vime's losses (see vime.trainer.losses).
         calculate_per_token_loss=True,
         **recompute_args,
+        **_moe_config(spec),
+    )
+
+
+def _moe_config(spec: ModelSpec) -> dict[str, Any]:
+    """Megatron's MoE settings reproducing Qwen3-MoE's sparse block (none for dense models).
+
+    Qwen3-MoE takes the softmax over all experts, keeps the top k and, with
+    ``norm_topk_prob``, renormalises them: Megatron's top-k-then-softmax (no pre-softmax)
+    is the same distribution; without it, softmax-then-top-k (pre-softmax). No capacity
+    limit (no token is dropped, as in transformers and vLLM) and no load-balancing loss:
+    the router learns from the policy loss only (``router_aux_loss_coef`` is not applied).
+
+    Example:
+        >>> _moe_config(ModelSpec("llama", 1, 8, 8, 1, 1, 8, 8, 128, 1e-6, 1e4, 8, False,
+        ...                       False, False))
+        {}
+    """
+    if not spec.num_experts:
+        return {}
+    return dict(
+        num_moe_experts=spec.num_experts,
+        moe_router_topk=spec.experts_per_token,
+        moe_ffn_hidden_size=spec.moe_ffn_hidden_size,
+        moe_layer_freq=[int(sparse) for sparse in spec.moe_layers],
+        moe_router_pre_softmax=not spec.norm_topk_prob,
+        moe_router_score_function="softmax",
+        moe_router_load_balancing_type="none",
+        moe_aux_loss_coeff=0.0,
+        moe_router_dtype="fp32",  # transformers' softmax over router logits is float32
+        moe_token_dispatcher_type="allgather",
+        moe_grouped_gemm=False,  # SequentialMLP: one Megatron MLP per expert
     )
 
 
@@ -262,6 +404,20 @@ def _policy_model_class() -> type:
             if self.post_process and self.return_hidden:
                 return hidden_states
             return super()._postprocess(hidden_states=hidden_states, **kwargs)
+
+        def train(self, mode: bool = True):  # type: ignore[override]
+            # megatron-core's MoE layer refuses a training forward at TP > 1 without
+            # sequence parallelism (a ValueError mid-step), which vime does not enable; its
+            # eval forward is fine. Refused here, at the start of a step, with the fix.
+            spec = getattr(self, "hf_spec", None)
+            tp = self.config.tensor_model_parallel_size
+            if mode and spec is not None and spec.num_experts and tp > 1:
+                raise UnsupportedArchitectureError(
+                    f"num_experts={spec.num_experts} with placement.tp={tp}: training an MoE model needs "
+                    "tp=1 (megatron-core needs sequence parallelism for MoE at TP > 1, "
+                    "which vime does not enable); log-probs and export work at any tp"
+                )
+            return super().train(mode)
 
         def output_weight(self) -> torch.Tensor:
             """This rank's ``[vocab / tp, hidden]`` output projection (shared if tied)."""
@@ -313,20 +469,14 @@ def build_gpt_model(
         >>> model = build_gpt_model(LlamaConfig(num_hidden_layers=1))  # doctest: +SKIP
     """
     from megatron.core import parallel_state as ps
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     spec = model_spec_from_hf(cfg)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
     config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype, recompute=recompute)
-    layer_spec = get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_BACKENDS}")
-    if attention == "sdpa":
-        from vime.trainer.attention import sdpa_core_attention_class
-
-        attn = layer_spec.submodules.self_attention.submodules
-        attn.core_attention = sdpa_core_attention_class()
+    layer_spec = _layer_spec(config, spec, attention)
     from vime.trainer.compat import cpu_device_scope
 
     # With PP and tied embeddings Megatron moves the last stage's copy to CUDA to sync it.
@@ -341,6 +491,33 @@ def build_gpt_model(
         model.to(dtype)
     model.hf_spec = spec
     return model
+
+
+def _layer_spec(config: Any, spec: ModelSpec, attention: str) -> Any:
+    """megatron-core's local (no transformer-engine) layer spec: one spec for a dense model,
+    a block spec of dense and MoE layers (``config.moe_layer_freq``) for an MoE one; with
+    ``attention="sdpa"`` every layer's core attention is vime's SDPA."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if spec.num_experts:
+        from vime.trainer.compat import allow_moe_without_transformer_engine
+
+        allow_moe_without_transformer_engine()
+        block = gpt_layer_specs.get_gpt_decoder_block_spec(
+            config, use_transformer_engine=False, normalization="RMSNorm"
+        )
+        layers = block.layer_specs
+    else:
+        block = gpt_layer_specs.get_gpt_layer_local_spec(
+            qk_layernorm=spec.qk_norm, normalization="RMSNorm"
+        )
+        layers = [block]
+    if attention == "sdpa":
+        from vime.trainer.attention import sdpa_core_attention_class
+
+        for layer in layers:  # the dense and the MoE layer specs (shared between layers)
+            layer.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    return block
 
 
 def _construct(config: Any, layer_spec: Any, spec: ModelSpec) -> Any:
