@@ -300,6 +300,11 @@ def load_swebench(
     """
     from .instance_images import build_instance_images, load_install_specs, plan_instance, spec_for
 
+    if (wheels_dir or build_network) and not repos_dir:
+        raise DataError(
+            f"{path}: swe.wheels_dir/build_network apply to images vime builds: "
+            "give swe.repos_dir (the repository snapshots) too"
+        )
     specs = load_install_specs(install_specs)
     rows = read_swebench_file(path)
     plans = []

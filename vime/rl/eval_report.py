@@ -27,6 +27,8 @@ from vime.errors import ConfigError
 from vime.types import Episode, EpisodeStatus
 
 STATUSES = tuple(s.value for s in EpisodeStatus)
+# Grading outcomes an env reports as 0/1 episode metrics (vime/SWE-v0's statuses).
+OUTCOMES = ("resolved", "unresolved", "error", "tampered")
 REPORT_FILES = ("report.json", "report.md", "report.png", "episodes.jsonl")
 
 
@@ -78,6 +80,11 @@ def task_row(
         "total_tokens": sum(len(ep.tokens) for ep in episodes),
         "episode_s": sum(ep.timings.get("total_s", 0.0) for ep in episodes),
         "reasons": [f"{count}x {reason}" for reason, count in sorted(reasons.items())],
+        "outcomes": {
+            o: int(sum(ep.metrics.get(o, 0.0) for ep in episodes))
+            for o in OUTCOMES
+            if any(o in ep.metrics for ep in episodes)
+        },
     }
 
 
@@ -121,6 +128,9 @@ def aggregate(rows: list[dict[str, Any]], wall_s: float = 0.0) -> dict[str, floa
         "episode_s": sum(r["episode_s"] for r in rows),
         "wall_s": wall_s,
     }
+    for o in OUTCOMES:  # the share of episodes, where the env reports outcomes
+        if any(o in r.get("outcomes", {}) for r in rows):
+            out[f"outcome/{o}"] = sum(r.get("outcomes", {}).get(o, 0) for r in rows) / per
     return out
 
 
@@ -258,6 +268,16 @@ def report_markdown(report: dict[str, Any]) -> str:
     lines += _table(
         header, [[r.get(c, "-") for c in ["set", "task_id", *header[2:]]] for r in report["rows"]]
     )
+    graded = [r for r in report["rows"] if r.get("outcomes")]
+    if graded:
+        lines += ["", "## Grading outcomes", ""]
+        lines += _table(
+            ["set", "task", *OUTCOMES],
+            [
+                [r["set"], r["task_id"], *(r["outcomes"].get(o, 0) for o in OUTCOMES)]
+                for r in graded
+            ],
+        )
     failures = [r for r in report["rows"] if r["reasons"]]
     if failures:
         lines += ["", "## Reasons (episodes that did not end cleanly)", ""]

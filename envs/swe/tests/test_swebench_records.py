@@ -15,13 +15,14 @@ import pytest
 
 import vime
 from vime.errors import ConfigError, DataError
+from vime.rl.eval_report import aggregate, build_report, report_markdown, task_rows
 from vime.sandbox import SandboxConfig
 from vime.sandbox.leases import close_pools, lease
 from vime.suites.swe.env import SWEEnv
 from vime.suites.swe.grading import run_hidden_tests
 from vime.suites.swe.swebench import load_swebench, read_swebench_file
 from vime.suites.swe.tasks import SWETask
-from vime.types import Action, ToolCall
+from vime.types import Action, Episode, ToolCall
 
 from .swebench_instances import INSTALL_SPECS, make_instances, write_forms
 
@@ -47,6 +48,10 @@ def _apply(patch: str) -> Action:
     return _bash(f"cat > /tmp/p.diff <<'VIME_EOF'\n{patch}VIME_EOF\ngit apply /tmp/p.diff")
 
 
+# Every graded episode, as the collector would record it (for the eval report check).
+GRADED: list[Episode] = []
+
+
 def _episode(env, task_id: str, *actions: Action) -> tuple[float, dict, dict]:
     task = next(t for t in env.unwrapped._task_pool if t["id"] == task_id)
     env.reset(options={"task": task})
@@ -54,7 +59,19 @@ def _episode(env, task_id: str, *actions: Action) -> tuple[float, dict, dict]:
         env.step(action)
     _, reward, terminated, _, info = env.step(SUBMIT)
     assert terminated
-    return reward, info, env.episode_metrics()
+    metrics = env.episode_metrics()
+    GRADED.append(
+        Episode(
+            task_id=task_id,
+            env_id="vime/SWE-v0",
+            tokens=[1, 2],
+            loss_mask=[0, 1],
+            rollout_logprobs=[0.0, -0.1],
+            reward=reward,
+            metrics=metrics,
+        )
+    )
+    return reward, info, metrics
 
 
 def test_every_file_form_reads_the_same_records(instances):
@@ -181,6 +198,13 @@ def test_records_in_every_form_build_and_grade(instances, docker_host):
     assert (reward, info["status"], metrics["error"]) == (0.0, "error", 1.0), info
     for e in [*by_form.values(), hang]:
         e.close()
+    # The eval report counts the statuses per task and as shares of all episodes.
+    rows = task_rows("swebench", "vime/SWE-v0", GRADED, [1], success=1.0)
+    flask = next(r for r in rows if r["task_id"] == "pallets__flask-1")
+    assert flask["outcomes"] == {"resolved": 4, "unresolved": 1, "error": 1, "tampered": 1}
+    agg = aggregate(rows)
+    assert agg["outcome/tampered"] == 2 / len(GRADED) and agg["outcome/resolved"] == 5 / 10
+    assert "## Grading outcomes" in report_markdown(build_report({}, [{"name": "swebench"}], rows))
     import docker
 
     close_pools()
