@@ -165,13 +165,12 @@ def turn_samples(episodes: Sequence[Episode]) -> tuple[list[Sample], list[int]]:
     owner: list[int] = []
     for k, ep in enumerate(episodes):
         spans = sample_spans(ep)
-        if len(spans) == 1 and spans[0] == (0, len(ep.tokens)):
-            samples.append(Sample.from_episode(ep, 0.0))
-            owner.append(k)
-            continue
-        for i, (a, b) in enumerate(spans):
-            sample = Sample.from_episode(ep, 0.0, span=(a, b))
-            sample.metadata["turn_sample"] = i
+        whole = len(spans) == 1 and spans[0] == (0, len(ep.tokens))
+        for i, span in enumerate([None] if whole else spans):
+            sample = Sample.from_episode(ep, 0.0, span=span)
+            sample.metadata["episode_uid"] = ep.uid
+            if not whole:
+                sample.metadata["turn_sample"] = i
             samples.append(sample)
             owner.append(k)
     return samples, owner

@@ -43,6 +43,7 @@ from vime.config import field_names, require, require_choice
 from vime.engine.config import EngineConfig
 from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
+from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig
 from vime.rl.placement import PlacementConfig
 from vime.trainer.critic import CriticConfig
@@ -97,9 +98,13 @@ class ModelConfig:
 
     ``path`` empty means vime's tiny local model; ``warm_start_steps > 0`` first runs a
     short supervised warm start on the env's demonstrations (cached by content).
+    ``chat_template``: a bundled template (``chatml``, ``qwen3``, ``llama3``, ``mistral``) or
+    a Jinja file, given to the tokenizer of the folder the run serves and trains, so that the
+    collector, the evaluation and vLLM render with it; empty: the folder's own.
     """
 
     path: str = ""
+    chat_template: str = ""
     warm_start_steps: int = 0
     warm_start_batch: int = 64
     warm_start_lr: float = 1e-3
@@ -109,6 +114,8 @@ class ModelConfig:
         require(self.warm_start_steps >= 0, "model.warm_start_steps", "must be >= 0")
         require(self.warm_start_batch >= 1, "model.warm_start_batch", "must be >= 1")
         require(self.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
+        if self.chat_template:  # a wrong name or file fails here, naming the key
+            load_chat_template(self.chat_template)
 
 
 @dataclass

@@ -39,6 +39,7 @@ from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource
 from vime.errors import ConfigError, DiskFullError, is_disk_full
+from vime.models.templates import with_chat_template
 from vime.models.tiny import build_tiny_model
 from vime.observability.metrics import plot_curves
 from vime.observability.recorder import StepRecorder
@@ -246,6 +247,8 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     """(Rank 0.) The run folder and the HF folder the policy starts from."""
     run = _open_run(cfg)
     model_dir = prepare_model(cfg, run)
+    if cfg.model.chat_template:  # one folder: the collector, the evaluation and vLLM use it
+        model_dir = with_chat_template(model_dir, cfg.model.chat_template, run.root / "model")
     _warn_tied_head_on_cpu(model_dir, cfg)
     return run, model_dir
 
