@@ -215,3 +215,45 @@ def test_load_swebench_reads_a_path_or_str(instances):
     tasks = load_swebench(str(instances["forms"]["json_one"]))
     assert [t["id"] for t in tasks] == ["pallets__flask-1"]
     assert Path(instances["forms"]["parquet"]).stat().st_size > 0
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_install_commands_use_a_local_wheel_dir(instances, tmp_path, docker_host):
+    """Containers here cannot use PyPI (its TLS proxy is not trusted inside): pip installs
+    from swe.wheels_dir, and a pip wheel there gives the image pip (the base has none)."""
+    import subprocess
+    import sys
+
+    wheels = tmp_path / "wheels"
+    got = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "-q",
+            "--no-deps",
+            "-d",
+            str(wheels),
+            "pip",
+            "six",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert got.returncode == 0, got.stderr[-500:]
+    record = {**instances["records"][0], "instance_id": "pallets__flask-2"}
+    record["install"] = ["python3 -m pip install -q six", "python3 -c 'import six'"]
+    path = tmp_path / "one.json"
+    path.write_text(json.dumps(record))
+    (task,) = load_swebench(path, repos_dir=instances["repos"], wheels_dir=wheels)
+    box = lease(SandboxConfig(image=task["image"], read_only=False, user="0:0"))
+    try:
+        out = box.exec(["python3", "-c", "import six, pip; print(six.__version__)"], timeout=30)
+    finally:
+        box.close()
+        close_pools()
+    assert out.ok and out.stdout.strip(), out.output
+    with pytest.raises(DataError, match=r"give swe\.repos_dir"):
+        load_swebench(path, wheels_dir=wheels)
