@@ -216,7 +216,12 @@ def _write_tree(root: Path, files: dict[str, str | bytes]) -> None:
 
 
 class GradeError(ValueError):
-    """The tests could not be run or read (a patch that does not apply, a timeout, no log)."""
+    """The tests could not be run or read (a patch that does not apply, a timeout, no log).
+
+    Example:
+        >>> isinstance(GradeError("timed out"), ValueError)
+        True
+    """
 
 
 def _run_line(task: SWETask, ids: list[str]) -> tuple[str, str]:

@@ -38,7 +38,13 @@ SPEC_KEYS = ("install", "test_cmd")
 
 @dataclass(frozen=True)
 class InstancePlan:
-    """What one instance image is built from (equal plans share an image)."""
+    """What one instance image is built from (equal plans share an image).
+
+    Example:
+        >>> a = InstancePlan(Path("/r/o__r"), "abc", ("make",), {"test_cmd": "x"})
+        >>> a == InstancePlan(Path("/r/o__r"), "abc", ("make",)), a.key[1]
+        (True, 'abc')
+    """
 
     snapshot: Path
     base_commit: str
@@ -97,7 +103,12 @@ def load_install_specs(specs: str | Path | dict[str, Any] | None) -> dict[str, A
 
 
 def spec_for(specs: dict[str, Any], repo: str, version: str) -> dict[str, Any]:
-    """The spec of ``repo`` at ``version``, else its ``"*"`` spec, else ``{}``."""
+    """The spec of ``repo`` at ``version``, else its ``"*"`` spec, else ``{}``.
+
+    Example:
+        >>> spec_for({"a/b": {"1.0": {"test_cmd": "t"}}}, "a/b", "2.0")
+        {}
+    """
     versions = specs.get(repo, {})
     return dict(versions.get(version) or versions.get("*") or {})
 
@@ -132,7 +143,14 @@ def _git(snapshot: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 def plan_instance(
     record: dict[str, Any], spec: dict[str, Any], repos_dir: str | Path, where: str
 ) -> InstancePlan:
-    """Check that the instance can be built (snapshot, ``base_commit``) and say from what."""
+    """Check that the instance can be built (snapshot, ``base_commit``) and say from what.
+
+    Example:
+        >>> root = Path(tempfile.mkdtemp()); (root / "o__r").mkdir()
+        >>> plan_instance({"instance_id": "o__r-1", "repo": "o/r"}, {"install": ["make"]},
+        ...               root, "r").install
+        ('make',)
+    """
     snapshot = find_snapshot(repos_dir, record, where).resolve()
     commit = record.get("base_commit") or ""
     if (snapshot / ".git").exists():
