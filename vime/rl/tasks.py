@@ -22,25 +22,46 @@ from vime.rl.config import EnvConfig
 EVAL_SEED_OFFSET = 1_000_003
 
 
-def builtin_tasks(function: str, args: dict[str, Any], path: str, *, seed: int = 0) -> list[Task]:
-    """Tasks from ``path`` (.jsonl/.parquet) if given, else ``function(**args, seed=seed)``.
-
-    ``function`` is ``"module:name"``; ``seed`` is passed only if the function takes one.
-    """
-    if path:
-        return load_tasks(path)
+def _generator(function: str) -> Any:
     module_name, _, name = function.partition(":")
     try:
-        fn = getattr(importlib.import_module(module_name), name)
+        return getattr(importlib.import_module(module_name), name)
     except (ImportError, AttributeError) as err:
         raise ConfigError(
             f"env.builtin_tasks: cannot load {function!r} ({err}); give 'module:function' "
             "or set env.tasks.path to a .jsonl/.parquet task file",
             key="env.builtin_tasks",
         ) from err
+
+
+def _takes(fn: Any, name: str) -> bool:
+    return name in inspect.signature(fn).parameters
+
+
+def builtin_tasks(
+    function: str, args: dict[str, Any], path: str, *, seed: int = 0, split: str = "train"
+) -> list[Task]:
+    """Tasks from ``path`` (.jsonl/.parquet) if given, else ``function(**args, seed=seed)``.
+
+    ``function`` is ``"module:name"``; ``seed`` and ``split`` (``"train"`` or ``"eval"``)
+    are passed only if the function takes them. A generator that takes ``split`` keeps
+    a held-back eval split of its own, so vime alone chooses it: ``args`` may not.
+    """
+    if path:
+        return load_tasks(path)
+    fn = _generator(function)
     kwargs = dict(args)
     if "seed" in inspect.signature(fn).parameters:
         kwargs["seed"] = seed
+    if _takes(fn, "split"):
+        if "split" in args:
+            raise ConfigError(
+                f"env.builtin_args.split: {function} keeps a held-back eval split, so the "
+                "split is chosen by vime (training draws 'train', env.eval_size draws "
+                "'eval'); remove it",
+                key="env.builtin_args.split",
+            )
+        kwargs["split"] = split
     try:
         tasks = list(fn(**kwargs))
     except TypeError as err:
@@ -50,6 +71,14 @@ def builtin_tasks(function: str, args: dict[str, Any], path: str, *, seed: int =
     return load_tasks(tasks)
 
 
+def _held_back_ids(env: EnvConfig) -> set[str]:
+    """Ids of the generator's held-back eval tasks (none if it keeps no split)."""
+    if ":" not in env.builtin_tasks or not _takes(_generator(env.builtin_tasks), "split"):
+        return set()
+    held = builtin_tasks(env.builtin_tasks, env.builtin_args, "", split="eval")
+    return {str(t.get("id")) for t in held if t.get("id")}
+
+
 def train_tasks(env: EnvConfig) -> list[Task]:
     """The training tasks: ``env.tasks.path`` if set, else the env's bundled generator.
 
@@ -57,12 +86,23 @@ def train_tasks(env: EnvConfig) -> list[Task]:
         >>> len(train_tasks(EnvConfig(builtin_args={"n": 5, "levels": ["add1"]})))
         5
     """
-    return builtin_tasks(env.builtin_tasks, env.builtin_args, env.tasks.path, seed=env.tasks.seed)
+    tasks = builtin_tasks(env.builtin_tasks, env.builtin_args, env.tasks.path, seed=env.tasks.seed)
+    if env.tasks.path:
+        leaked = sorted({str(t.get("id")) for t in tasks} & _held_back_ids(env))
+        if leaked:
+            raise ConfigError(
+                f"env.tasks.path: {len(leaked)} task(s) of {env.tasks.path} are held back for "
+                f"evaluation by {env.builtin_tasks} (e.g. {leaked[:3]}); training never "
+                "draws them: remove them from the file",
+                key="env.tasks.path",
+            )
+    return tasks
 
 
 def eval_tasks(env: EnvConfig) -> list[Task]:
     """``env.eval_size`` tasks from ``env.eval_tasks``, else from the training source
-    (bundled generators are drawn with another seed: held-out tasks).
+    (bundled generators are drawn with another seed, or their held-back ``"eval"``
+    split when they keep one: held-out tasks).
 
     Example:
         >>> eval_tasks(EnvConfig(eval_size=0))
@@ -72,6 +112,10 @@ def eval_tasks(env: EnvConfig) -> list[Task]:
         return []
     path = env.eval_tasks or env.tasks.path
     tasks = builtin_tasks(
-        env.builtin_tasks, env.builtin_args, path, seed=env.tasks.seed + EVAL_SEED_OFFSET
+        env.builtin_tasks,
+        env.builtin_args,
+        path,
+        seed=env.tasks.seed + EVAL_SEED_OFFSET,
+        split="eval",
     )
     return tasks[: env.eval_size]

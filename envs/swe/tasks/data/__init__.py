@@ -9,5 +9,9 @@ Each module defines plain constants (no imports needed):
 - ``FAIL_TO_PASS`` / ``PASS_TO_PASS``: unittest ids (``tests.test_x.Class.test_y``);
 - ``SOLUTION``: the reference fix as ``(path, old, new)`` string replacements.
 
-Modules are loaded by :func:`vime.suites.swe.tasks.load_bundled`.
+The ``repos`` package holds tasks that share a repository (several issues in one small
+package with its own test suite, unittest or pytest); its ``TASKS`` list is loaded after
+the one-task modules. Each of those tasks names its ``split``: ``"train"`` or ``"eval"``
+(held back: training never draws it). Modules are loaded by
+:func:`vime.suites.swe.tasks.load_bundled`.
 """
