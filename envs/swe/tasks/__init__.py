@@ -22,10 +22,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vime.errors import DataError
+from vime.errors import ConfigError, DataError
 
 # Paths an agent's diff may not touch: the tests the grader adds or runs.
 DEFAULT_PROTECTED = ("tests/*", "test/*", "*/tests/*", "test_*.py", "*_test.py", "conftest.py")
+
+# Bundled task splits: training draws only "train"; "eval" is held back.
+BUNDLED_SPLITS = ("train", "eval", "all")
 
 # unittest: vime's runner (grader.py); pytest: `pytest -rA` lines; swebench: the official
 # harness's log parser named by ``log_parser`` (SWE-bench records).
@@ -164,24 +167,30 @@ def _module_record(module: Any) -> dict[str, Any]:
     ).to_record()
 
 
-def load_bundled() -> list[dict[str, Any]]:
-    """The bundled task suite, sorted by module name (deterministic order).
+def load_bundled(split: str = "train") -> list[dict[str, Any]]:
+    """The bundled tasks of ``split``, in module order (deterministic).
+
+    ``"train"`` is what training draws; ``"eval"`` is held back for evaluation
+    (``envs/swe/eval/``) and never drawn by training; ``"all"`` is both.
 
     Example:
-        >>> load_bundled()[0]["id"]
-        'roman-subtractive'
+        >>> load_bundled()[0]["id"], len(load_bundled("all")) >= 50
+        ('roman-subtractive', True)
     """
     from . import data
 
+    if split not in BUNDLED_SPLITS:
+        raise ConfigError(f"split: must be one of {BUNDLED_SPLITS}, got {split!r}", key="split")
     records = []
-    for info in sorted(pkgutil.iter_modules(data.__path__), key=lambda m: m.name):
+    # One-task modules (ID, FILES, ...) first, then packages of shared repos (TASKS).
+    for info in sorted(pkgutil.iter_modules(data.__path__), key=lambda m: (m.ispkg, m.name)):
         module = importlib.import_module(f"{data.__name__}.{info.name}")
-        records.append(_module_record(module))
+        records.extend(module.TASKS if hasattr(module, "TASKS") else [_module_record(module)])
     ids = [r["id"] for r in records]
     dupes = {i for i in ids if ids.count(i) > 1}
     if dupes:
         raise DataError(f"bundled SWE tasks: duplicate ids {sorted(dupes)}")
-    return records
+    return [r for r in records if split in ("all", r.get("split", "train"))]
 
 
 def swebench_record(record: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
