@@ -133,6 +133,39 @@ class SWEConfig:
         require(not unknown, "swe.tools", f"unknown tool(s) {unknown}; the SWE tools are {known}")
 
 
+# Task files read in this process, by file identity and the keys that shape the result:
+# every env (the collector makes one per episode) reads and checks a file only once.
+_LOADED: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+
+
+def _file_id(path: str) -> tuple[str, int, int]:
+    stat = Path(path).stat() if path and Path(path).is_file() else None
+    return (
+        str(Path(path).resolve()) if path else "",
+        *((stat.st_mtime_ns, stat.st_size) if stat else (0, 0)),
+    )
+
+
+def cached_task_file(path: str, config: SWEConfig) -> list[dict[str, Any]]:
+    """:func:`load_task_file`, read once per process while the files are unchanged.
+
+    Example (skipped in doctests: it needs a task file on disk):
+        >>> cached_task_file("lite.parquet", SWEConfig(tasks_path="lite.parquet"))  # doctest: +SKIP
+    """
+    c = config
+    key = (
+        _file_id(path),
+        _file_id(c.install_specs),
+        c.repos_dir,
+        c.wheels_dir,
+        c.build_network,
+        tuple(c.sandbox.hosts()),
+    )
+    if key not in _LOADED:
+        _LOADED[key] = load_task_file(path, config)
+    return _LOADED[key]
+
+
 def load_task_file(path: str | Path, config: SWEConfig | None = None) -> list[dict[str, Any]]:
     """Task records from a file of vime SWE tasks or of SWE-bench records.
 
@@ -196,7 +229,7 @@ class SWEEnv(ToolEnv):
         if self.config.tasks_path:
             # Read and checked now, so a record that cannot run stops the run before any
             # episode (and SWE-bench instance images are built once, here).
-            self._task_pool = load_task_file(self.config.tasks_path, self.config)
+            self._task_pool = cached_task_file(self.config.tasks_path, self.config)
 
     # -- sandboxes -------------------------------------------------------------------
 
