@@ -25,5 +25,9 @@ setup(
     ],
     package_dir={SUITES: "envs"},
     # Task files, eval suites (eval/suite.yaml) and each suite's README travel with the code.
-    package_data={SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml"]},
+    # The bundled chat templates (model.chat_template) too.
+    package_data={
+        SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml"],
+        "vime.models.templates": ["*.jinja"],
+    },
 )

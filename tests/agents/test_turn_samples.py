@@ -230,3 +230,23 @@ def test_config_keys_name_themselves(tmp_path, tiny_model_dir) -> None:
             tiny_model_dir / "model.safetensors"
         ).resolve()
         assert with_chat_template(tiny_model_dir, name, tmp_path / "cache") == folder
+
+
+def test_vllm_renders_with_the_folders_template(tiny_model_dir, tmp_path) -> None:
+    """vLLM loads the templated folder's tokenizer (its chat endpoint renders with it)."""
+    from transformers import AutoTokenizer
+    from vllm.tokenizers.registry import get_tokenizer
+
+    folder = with_chat_template(tiny_model_dir, "qwen3", tmp_path)
+    theirs, ours = get_tokenizer(str(folder)), AutoTokenizer.from_pretrained(folder)
+    assert theirs.get_chat_template(None, tools=None) == load_chat_template("qwen3")
+    messages = [
+        *OPENING,
+        {"role": "assistant", "content": THINK_CALL},
+        {"role": "user", "content": "Sure?"},
+    ]
+    args = {"tokenize": False, "add_generation_prompt": True}
+    assert theirs.apply_chat_template(messages, **args) == ours.apply_chat_template(
+        messages, **args
+    )
+    assert "<think>" not in theirs.apply_chat_template(messages, **args)
