@@ -36,6 +36,10 @@ def instances(tmp_path_factory):
     return {"repos": repos, "records": records, "specs": specs, "forms": write_forms(root, records)}
 
 
+# The specs' test commands only (no install commands: nothing is built without repos_dir).
+INSTALL_SPECS_NO_BUILD = {"django/django": INSTALL_SPECS["django/django"]}
+
+
 def _bash(command: str) -> Action:
     return Action(text="", tool_calls=[ToolCall("bash", {"command": command})])
 
@@ -81,8 +85,7 @@ def test_every_file_form_reads_the_same_records(instances):
     for rows in rest:
         assert [r for _, r in rows] == instances["records"]
     # Without repos_dir: SWE-bench's prebuilt images, nothing built here.
-    django_spec = {"django/django": INSTALL_SPECS["django/django"]}
-    tasks = load_swebench(instances["forms"]["jsonl"], install_specs=django_spec)
+    tasks = load_swebench(instances["forms"]["jsonl"], install_specs=INSTALL_SPECS_NO_BUILD)
     assert [t["log_parser"] for t in tasks] == ["parse_log_pytest", "parse_log_django"]
     assert tasks[0]["test_cmd"] == "pytest -rA --tb=no -p no:cacheprovider tests/test_slug.py"
     assert tasks[0]["image"] == "sweb.eval.x86_64.pallets__flask-1:latest"
@@ -209,6 +212,22 @@ def test_records_in_every_form_build_and_grade(instances, docker_host):
 
     close_pools()
     assert docker.from_env().containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
+
+
+def test_loaded_tasks_written_out_are_a_vime_task_file(instances, tmp_path):
+    """What the README says for eval suites and env.tasks.path: the tasks round-trip."""
+    from vime.envs.tasks import load_tasks
+    from vime.rl.tasks import builtin_tasks
+
+    args = {"path": str(instances["forms"]["jsonl"]), "install_specs": INSTALL_SPECS_NO_BUILD}
+    tasks = builtin_tasks("vime.suites.swe.swebench:load_swebench", args, "")
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(t) + "\n" for t in tasks))
+    again = [SWETask.from_record(dict(t)) for t in load_tasks(path)]
+    assert [(t.id, t.log_parser) for t in again] == [
+        ("pallets__flask-1", "parse_log_pytest"),
+        ("django__django-1", "parse_log_django"),
+    ]
 
 
 def test_load_swebench_reads_a_path_or_str(instances):
