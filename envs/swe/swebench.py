@@ -36,7 +36,9 @@ from vime.errors import DataError
 
 from .tasks import DEFAULT_PROTECTED, SWETask
 
-# Fields of a SWE-bench record that vime reads, and what each must hold.
+# Fields of a SWE-bench record that vime reads: each must be a string when present.
+# (hints_text, created_at, environment_setup_commit... are carried along unchecked:
+# unused here, and some dataset files store created_at as a timestamp.)
 TEXT_FIELDS = (
     "instance_id",
     "repo",
@@ -44,9 +46,6 @@ TEXT_FIELDS = (
     "problem_statement",
     "patch",
     "test_patch",
-    "environment_setup_commit",
-    "hints_text",
-    "created_at",
     "image",
     "image_name",
     "repo_path",

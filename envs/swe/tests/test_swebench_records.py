@@ -230,6 +230,22 @@ def test_loaded_tasks_written_out_are_a_vime_task_file(instances, tmp_path):
     ]
 
 
+def test_a_parquet_with_typed_columns_loads(instances, tmp_path):
+    """Dataset files may store created_at as a timestamp and the test lists as lists."""
+    import datetime
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    record = dict(instances["records"][0])
+    record["created_at"] = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+    record["FAIL_TO_PASS"] = json.loads(record["FAIL_TO_PASS"])
+    path = tmp_path / "typed.parquet"
+    pq.write_table(pa.Table.from_pylist([record]), path)
+    (task,) = load_swebench(path)
+    assert task["fail_to_pass"] == ["tests/test_slug.py::test_many_spaces"]
+
+
 def test_load_swebench_reads_a_path_or_str(instances):
     tasks = load_swebench(str(instances["forms"]["json_one"]))
     assert [t["id"] for t in tasks] == ["pallets__flask-1"]
