@@ -246,6 +246,26 @@ def test_a_parquet_with_typed_columns_loads(instances, tmp_path):
     assert task["fail_to_pass"] == ["tests/test_slug.py::test_many_spaces"]
 
 
+def test_the_harness_tells_error_from_unresolved(instances):
+    """No Docker: logs as the grading container writes them, graded by swebench."""
+    from vime.suites.swe.swebench import END_MARK, EXIT_MARK, START_MARK, harness_grade
+
+    django = load_swebench(instances["forms"]["jsonl"], install_specs=INSTALL_SPECS_NO_BUILD)[1]
+    task = SWETask.from_record(django)
+    f2p, p2p = task.fail_to_pass[0], task.pass_to_pass[0]
+
+    def log(body: str, code: int) -> str:
+        return f"{START_MARK}\n{body}\n{END_MARK}\n{EXIT_MARK}: {code}\n"
+
+    assert harness_grade(task, log(f"{f2p} ... ok\n{p2p} ... ok", 0))[0] == "resolved"
+    assert harness_grade(task, log(f"{f2p} ... FAIL\n{p2p} ... ok", 1))[0] == "unresolved"
+    # The suite never ran (an import error before any test): an error, not a wrong fix.
+    assert harness_grade(task, log("ModuleNotFoundError: No module named 'mini'", 1))[0] == "error"
+    # Lines claiming passes while the test command failed: the harness distrusts the log.
+    assert harness_grade(task, log(f"{f2p} ... ok\n{p2p} ... ok", 1))[0] == "error"
+    assert harness_grade(task, "no markers at all")[0] == "error"
+
+
 def test_load_swebench_reads_a_path_or_str(instances):
     tasks = load_swebench(str(instances["forms"]["json_one"]))
     assert [t["id"] for t in tasks] == ["pallets__flask-1"]
