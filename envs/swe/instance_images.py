@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vime.errors import DataError
+from vime.errors import DataError, SandboxError
 
 WHEELS_IN_IMAGE = "/opt/vime/wheels"
 REPO_IN_IMAGE = "/testbed"
@@ -50,6 +50,8 @@ class InstancePlan:
     base_commit: str
     install: tuple[str, ...]
     spec: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+    # The record it was planned for (named when its build fails).
+    where: str = field(default="", compare=False)
 
     @property
     def key(self) -> tuple[str, str, tuple[str, ...]]:
@@ -162,7 +164,7 @@ def plan_instance(
                 "fetch it there (git fetch) or fix the record"
             )
     install = _commands(record.get("install", spec.get("install", [])), where)
-    return InstancePlan(snapshot, commit, tuple(install), spec)
+    return InstancePlan(snapshot, commit, tuple(install), spec, where)
 
 
 def _export(plan: InstancePlan, dest: Path) -> None:
@@ -228,13 +230,19 @@ def build_instance_images(
             files: dict[str, Any] = {REPO_IN_IMAGE: tree}
             if wheels is not None:
                 files[WHEELS_IN_IMAGE] = wheels
-            tags[plan.key] = build_layered_image(
-                base,
-                files,
-                commands=_install_script(plan, wheels is not None),
-                network=network,
-                host=host,
-            )
+            try:
+                tags[plan.key] = build_layered_image(
+                    base,
+                    files,
+                    commands=_install_script(plan, wheels is not None),
+                    network=network,
+                    host=host,
+                )
+            except SandboxError as err:
+                raise DataError(
+                    f"{plan.where}: building its image failed in field 'install' (or its "
+                    f"install spec): {err}"
+                ) from None
         if hosts and len(set(hosts)) > 1:
             distribute_image(tags[plan.key], hosts)
     return tags

@@ -186,19 +186,27 @@ def _check_fields(record: Any, where: str) -> dict[str, Any]:
 
 
 def test_command(template: str, test_files: list[str], where: str) -> str:
-    """``template`` with ``{test_files}`` (paths) and ``{test_modules}`` (dotted) filled in.
+    """``template`` with the ``test_patch``'s files filled in.
+
+    ``{test_files}``: the paths; ``{test_modules}``: as dotted modules; ``{test_labels}``:
+    dotted, without a leading ``tests.`` (the labels Django's ``tests/runtests.py`` takes).
 
     Example:
-        >>> test_command("python3 -m unittest -v {test_modules}", ["tests/test_a.py"], "r")
-        'python3 -m unittest -v tests.test_a'
+        >>> test_command("runtests.py {test_labels}", ["tests/forms/test_a.py"], "r")
+        'runtests.py forms.test_a'
     """
     modules = [f.removesuffix(".py").replace("/", ".") for f in test_files if f.endswith(".py")]
+    labels = [m.removeprefix("tests.") for m in modules]
     try:
-        return template.format(test_files=" ".join(test_files), test_modules=" ".join(modules))
+        return template.format(
+            test_files=" ".join(test_files),
+            test_modules=" ".join(modules),
+            test_labels=" ".join(labels),
+        )
     except (KeyError, IndexError, ValueError) as err:
         raise DataError(
-            f"{where}: field 'test_cmd' {template!r}: only {{test_files}} and {{test_modules}} "
-            f"may be filled in ({err})"
+            f"{where}: field 'test_cmd' {template!r}: only {{test_files}}, {{test_modules}} "
+            f"and {{test_labels}} may be filled in ({err})"
         ) from None
 
 

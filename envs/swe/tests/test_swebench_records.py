@@ -310,5 +310,9 @@ def test_install_commands_use_a_local_wheel_dir(instances, tmp_path, docker_host
         box.close()
         close_pools()
     assert out.ok and out.stdout.strip(), out.output
+    broken = {**record, "install": ["python3 -c 'import no_such_package'"]}
+    path.write_text(json.dumps(broken))
+    with pytest.raises(DataError, match=r"'pallets__flask-2': building its image failed"):
+        load_swebench(path, repos_dir=instances["repos"])
     with pytest.raises(DataError, match=r"give swe\.repos_dir"):
         load_swebench(path, wheels_dir=wheels)
