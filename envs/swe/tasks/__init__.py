@@ -181,7 +181,7 @@ def load_bundled(split: str = "train") -> list[dict[str, Any]]:
 
     if split not in BUNDLED_SPLITS:
         raise ConfigError(f"split: must be one of {BUNDLED_SPLITS}, got {split!r}", key="split")
-    records = []
+    records: list[dict[str, Any]] = []
     # One-task modules (ID, FILES, ...) first, then packages of shared repos (TASKS).
     for info in sorted(pkgutil.iter_modules(data.__path__), key=lambda m: (m.ispkg, m.name)):
         module = importlib.import_module(f"{data.__name__}.{info.name}")
