@@ -76,7 +76,7 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
             rope_parameters=plain,
             num_experts=8,
             num_experts_per_tok=2,
-            moe_intermediate_size=48,
+            moe_intermediate_size=64,
             norm_topk_prob=True,
             decoder_sparse_step=1,
             mlp_only_layers=[1],

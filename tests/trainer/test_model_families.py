@@ -1,13 +1,11 @@
-"""Llama 3.x (llama3 rope scaling), Qwen2.5 and Mistral: tiny random models shaped after the
-real checkpoints' configs give Megatron logits equal to transformers', export round-trips
-bit for bit, vLLM's log-probs on Llama 3.x equal the trainer's, and what cannot be matched
-is refused naming the config field."""
+"""Llama 3.x (llama3 rope scaling), Qwen2.5, Mistral and Qwen3-MoE: tiny random models
+shaped after the real checkpoints' configs give Megatron logits equal to transformers'
+(within 1e-5; the dense ones bit for bit), export round-trips bit for bit, and what cannot
+be matched is refused naming the config field. vLLM and the RL loop on these families:
+test_model_parity.py."""
 
 from __future__ import annotations
 
-import shutil
-
-import openai
 import pytest
 import torch
 import transformers as tf
@@ -73,58 +71,3 @@ def test_llama3_rope_parameters_megatron_fixes_are_checked():
     yarn = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6}
     with pytest.raises(UnsupportedArchitectureError, match=r"'yarn'.*'llama3'"):
         model_spec_from_hf(tf.Qwen2Config(rope_parameters=yarn))
-
-
-@pytest.mark.engine
-@pytest.mark.slow
-def test_llama3_logprobs_match_vllm(tiny_model_dir, dist1, tmp_path):
-    """vLLM (its own llama3 rope code) and the trainer agree on a Llama 3.x model's log-probs."""
-    from vime.engine import EngineConfig, VLLMServer, is_vllm_cpu
-    from vime.trainer.step import Trainer, TrainerConfig
-    from vime.types import Sample
-
-    folder = make_hf_checkpoint("llama3", tmp_path / "llama3", vocab=512)  # the tokenizer's
-    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        shutil.copy(tiny_model_dir / name, folder / name)
-    server = VLLMServer(EngineConfig(model=str(folder), max_model_len=256, log_dir=str(tmp_path)))
-    server.start()
-    try:
-        client = openai.OpenAI(base_url=server.openai_base_url, api_key="none")
-        samples = []
-        for seed in range(3):
-            prompt = list(range(10 + seed, 50 + seed))
-            resp = client.completions.create(
-                model=server.model_name,
-                prompt=prompt,
-                max_tokens=150,  # 190 positions: the scaled frequencies matter (see above)
-                temperature=1.0,
-                logprobs=1,
-                seed=seed,
-                extra_body={"return_token_ids": True, "ignore_eos": True},
-            )
-            choice = resp.choices[0]
-            completion = list((choice.model_extra or {})["token_ids"])
-            lps = list(choice.logprobs.token_logprobs)
-            mask = [0] * len(prompt) + [1] * len(completion)
-            samples.append(
-                Sample(
-                    tokens=prompt + completion,
-                    loss_mask=mask,
-                    rollout_logprobs=[0.0] * len(prompt) + lps,
-                )
-            )
-    finally:
-        server.stop()
-    ours = Trainer(folder, TrainerConfig(temperature=1.0)).compute_logprobs(samples)
-    diffs = [
-        abs(a - b)
-        for s, lps in zip(samples, ours, strict=True)
-        for a, b, m in zip(lps, s.rollout_logprobs, s.loss_mask, strict=True)
-        if m
-    ]
-    mean, worst = sum(diffs) / len(diffs), max(diffs)
-    print(f"llama3 trainer vs vLLM over {len(diffs)} tokens: mean {mean:.2e}, max {worst:.2e}")
-    if is_vllm_cpu():  # the same float32 math (the tiny qwen2 model: ~1.6e-7 / ~1e-6)
-        assert mean < 1e-5 and worst < 1e-4
-    else:
-        assert mean < 1e-3 and worst < 1e-2

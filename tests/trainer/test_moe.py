@@ -97,3 +97,27 @@ def test_gemma_is_refused_naming_what_megatron_core_lacks(config, fields):
         model_spec_from_hf(config)
     for field in fields:
         assert field in str(err.value), field
+
+
+@pytest.mark.slow
+def test_moe_checkpoint_resumes_and_exports_the_trained_weights(dist1, tmp_path):
+    """A trained MoE step saved as a Megatron checkpoint and loaded by a fresh trainer (what
+    ``vime-agent export RUN`` does) exports the same HF tensors as the trainer that trained."""
+    from _trainer_models import make_hf_checkpoint
+    from _trainer_samples import random_samples
+
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    folder = make_hf_checkpoint("qwen3-moe", tmp_path / "moe")
+    cfg = TrainerConfig(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
+    trained = Trainer(folder, cfg)
+    trained.train_step(random_samples(6, 250, seed=7))
+    trained.save_checkpoint(tmp_path / "ckpt")
+    a = read_hf_state(trained.export_hf(tmp_path / "a"))
+    assert not torch.equal(
+        a["model.layers.0.mlp.gate.weight"], read_hf_state(folder)["model.layers.0.mlp.gate.weight"]
+    )  # the router trained
+    resumed = Trainer(folder, cfg)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == 1
+    b = read_hf_state(resumed.export_hf(tmp_path / "b"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
