@@ -5,8 +5,10 @@ A value is a bundled name or the path of a Jinja file:
 - ``chatml``: the tiny model's own (ChatML, Hermes tool calls, append-only);
 - ``qwen3``: the Qwen3 format: ``<think>`` blocks of turns before the last user message are
   dropped, so it is *not* append-only (train it with ``collector.sample_per_turn=true``);
-- ``llama3``: the Llama 3.1 format (JSON tool calls, ``ipython`` tool answers);
-- ``mistral``: the Mistral instruct v3 format (``[TOOL_CALLS]`` JSON lists).
+- ``llama3``: the Llama 3.1 format (JSON tool calls, ``ipython`` tool answers; every turn's
+  text is trimmed, so it is not append-only either);
+- ``mistral``: the Mistral instruct v3 format (``[TOOL_CALLS]`` JSON lists; the tool list
+  and the system message move to the last user turn).
 
 The bundled files are vime's own Jinja, written to render each family's published format.
 :func:`with_chat_template` gives a model folder whose tokenizer carries the template, so
