@@ -1,0 +1,140 @@
+"""The fenced code blocks of the docs pages, and what the docs test does with each.
+
+Every block of every page under docs/ (with the files a page includes through
+``--8<-- "path"`` snippets) gets exactly one treatment, chosen by its info string and by
+an optional marker comment on the line before it:
+
+- ``python``: run. A page's Python blocks run in order in one fresh interpreter (a page
+  reads as one session), in a scratch folder that is also on ``sys.path``.
+  ``<!-- docs-test: file NAME -->`` writes the block to NAME there instead (a module a
+  later block imports); ``<!-- docs-test: docker -->`` runs it with the project's
+  dockerd; ``<!-- docs-test: no-run REASON -->`` only compiles it (top-level ``await``
+  allowed) and imports every ``vime`` module it names.
+- ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
+  lines must then appear in what the command prints, ``...`` skipping). With
+  ``no-run REASON`` they are parsed instead: a ``vime-agent`` command (also as
+  ``python -m vime.cli``, under ``torchrun``/``srun``, or as ``bash scripts/main.sh``)
+  must name a real subcommand; ``train``'s ``key=value`` overrides must load with
+  ``load_config``; the other subcommands' keys and ``--flags`` must appear in their
+  ``--help``; ``python bench/X.py --flags`` must name flags of that script's ``--help``.
+- ``text``: not code (diagrams, file trees, output). A block with no info string is an
+  error: say ``text`` if it is not code.
+
+Example:
+    >>> [b.lang for b in blocks_of("# t\\n```text\\nx\\n```\\n")]
+    ['text']
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCS = ROOT / "docs"
+MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run)\s*(?P<arg>.*?)\s*-->")
+FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
+SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$', re.M)
+KNOWN = ("python", "bash", "console", "text", "mermaid")
+
+
+@dataclass
+class Block:
+    """One fenced block: where it is, its language, its marker and its text."""
+
+    page: str
+    line: int
+    lang: str
+    marker: str  # "", "file", "docker" or "no-run"
+    arg: str  # the marker's argument: the file name, the reason
+    code: str
+
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
+
+
+def expand_snippets(text: str) -> str:
+    """The page with each ``--8<-- "path"`` line replaced by that file (path from the root)."""
+    return SNIPPET.sub(lambda m: (ROOT / m.group("path")).read_text(), text)
+
+
+def blocks_of(text: str, page: str = "<text>") -> list[Block]:
+    """The fenced blocks of one Markdown text, in order."""
+    lines = text.splitlines()
+    found: list[Block] = []
+    i = 0
+    while i < len(lines):
+        m = FENCE.match(lines[i])
+        if not m:
+            i += 1
+            continue
+        fence, indent = m.group("fence"), len(m.group("indent"))
+        info = m.group("info").strip()
+        start = i
+        body: list[str] = []
+        i += 1
+        while i < len(lines) and not lines[i].strip().startswith(fence):
+            body.append(lines[i][indent:])
+            i += 1
+        marker = _marker_before(lines, start)
+        lang = info.split()[0] if info else ""
+        found.append(Block(page, start + 1, lang, *marker, "\n".join(body) + "\n"))
+        i += 1
+    return found
+
+
+def _marker_before(lines: list[str], start: int) -> tuple[str, str]:
+    j = start - 1
+    while j >= 0 and not lines[j].strip():
+        j -= 1
+    m = MARKER.search(lines[j]) if j >= 0 else None
+    return (m.group("kind"), m.group("arg")) if m else ("", "")
+
+
+def doc_pages() -> list[Path]:
+    """Every Markdown page under docs/."""
+    return sorted(DOCS.rglob("*.md"))
+
+
+def all_blocks() -> list[Block]:
+    """The blocks of every page, snippets expanded."""
+    found: list[Block] = []
+    for path in doc_pages():
+        rel = str(path.relative_to(ROOT))
+        found += blocks_of(expand_snippets(path.read_text()), rel)
+    return found
+
+
+def commands(block: Block) -> list[str]:
+    """The commands of a shell block: continuations joined, comments and ``$`` dropped."""
+    lines = block.code.splitlines()
+    if block.lang == "console":
+        lines = [ln[2:] for ln in lines if ln.startswith("$ ")]
+    joined: list[str] = []
+    pending = ""
+    for line in lines:
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        joined.append(pending + line)
+        pending = ""
+    out = []
+    for cmd in joined:
+        words = shlex.split(cmd, comments=True)
+        if words:
+            out.append(shlex.join(words))
+    return out
+
+
+def console_expectations(block: Block) -> list[tuple[str, list[str]]]:
+    """(command, expected output lines) for each ``$`` line of a console block."""
+    pairs: list[tuple[str, list[str]]] = []
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            pairs.append((line[2:], []))
+        elif pairs and line.strip() and line.strip() != "...":
+            pairs[-1][1].append(line.strip())
+    return pairs

@@ -1,0 +1,142 @@
+"""Every fenced code block in docs/ runs, or is checked, in this test (tests/docs/blocks.py).
+
+Python blocks run in a fresh interpreter per page, shell blocks run in the repository
+with the venv's commands on PATH, and blocks marked ``no-run`` (a full training run, a
+GPU, a cluster) are parsed and checked against the real command line and config.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+from tests.docs.blocks import KNOWN, ROOT, Block, all_blocks, commands, console_expectations
+from tests.docs.commands import check_command
+
+BLOCKS = all_blocks()
+PAGES = sorted({b.page for b in BLOCKS})
+VENV_BIN = str(Path(sys.executable).parent)
+
+
+def _page_blocks(page: str) -> list[Block]:
+    return [b for b in BLOCKS if b.page == page]
+
+
+def test_every_block_has_one_treatment():
+    problems = []
+    for b in BLOCKS:
+        if b.lang not in KNOWN:
+            problems.append(f"{b.where}: info string {b.lang!r}; use one of {KNOWN}")
+        if b.marker == "no-run" and not b.arg:
+            problems.append(f"{b.where}: no-run needs a reason")
+        if b.marker == "file" and (b.lang != "python" or not b.arg.endswith(".py")):
+            problems.append(f"{b.where}: 'file' marks a python block with a NAME.py")
+        if b.marker and b.lang in ("text", "mermaid"):
+            problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
+    assert not problems, "\n".join(problems)
+    assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
+
+
+def _scratch(page: str, tmp_path: Path) -> Path:
+    """The page's scratch folder, with its ``file`` blocks written."""
+    folder = tmp_path / Path(page).stem
+    folder.mkdir(exist_ok=True)
+    for b in _page_blocks(page):
+        if b.marker == "file":
+            (folder / b.arg).write_text(b.code)
+    return folder
+
+
+def _env(folder: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT)])
+    env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+RUNNABLE_PY = [p for p in PAGES if any(b.lang == "python" and b.marker in ("", "docker") for b in _page_blocks(p))]
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PY)
+def test_python_blocks_run(page, tmp_path, request):
+    blocks = [b for b in _page_blocks(page) if b.lang == "python" and b.marker in ("", "docker")]
+    if any(b.marker == "docker" for b in blocks):
+        request.getfixturevalue("docker_host")  # sets DOCKER_HOST for the subprocess
+    folder = _scratch(page, tmp_path)
+    # One interpreter per page: a later block sees an earlier block's names.
+    program = "\n".join(
+        f"exec(compile({b.code!r}, {b.where!r}, 'exec'), ns)" for b in blocks
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", "ns = {'__name__': '__main__'}\n" + program],
+        cwd=folder,
+        env=_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, f"{page}: a python block failed:\n{out.stderr[-4000:]}"
+
+
+def test_no_run_python_blocks_compile_and_import():
+    import ast
+    import importlib
+
+    checked = 0
+    for b in BLOCKS:
+        if b.lang != "python" or b.marker != "no-run":
+            continue
+        tree = compile(b.code, b.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vime"):
+                module = importlib.import_module(node.module or "")
+                for alias in node.names:
+                    assert hasattr(module, alias.name), f"{b.where}: {node.module} has no {alias.name}"
+        checked += 1
+    assert checked >= 1
+
+
+SHELL = [b for b in BLOCKS if b.lang in ("bash", "console")]
+
+
+@pytest.mark.parametrize("block", [b for b in SHELL if b.marker == "no-run"], ids=lambda b: b.where)
+def test_no_run_shell_blocks_are_valid(block):
+    for cmd in commands(block):
+        check_command(cmd)
+
+
+@pytest.mark.parametrize("block", [b for b in SHELL if b.marker != "no-run"], ids=lambda b: b.where)
+def test_shell_blocks_run(block, tmp_path, request):
+    if block.marker == "docker":
+        request.getfixturevalue("docker_host")
+    folder = _scratch(block.page, tmp_path)
+    expected = dict(console_expectations(block)) if block.lang == "console" else {}
+    for cmd in commands(block):
+        out = subprocess.run(
+            ["bash", "-c", cmd],
+            cwd=ROOT,
+            env=_env(folder),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert out.returncode == 0, f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
+        printed = out.stdout + out.stderr
+        for line in expected.get(cmd, []):
+            assert line in printed, f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
+
+
+def test_pages_with_blocks_are_all_seen():
+    """Each page's blocks are in exactly one of the groups above (none is left out)."""
+    groups: dict[str, int] = defaultdict(int)
+    for b in BLOCKS:
+        kind = "text" if b.lang in ("text", "mermaid") else f"{b.lang}:{b.marker or 'run'}"
+        groups[kind] += 1
+    assert sum(groups.values()) == len(BLOCKS)
+    print(dict(groups))
