@@ -89,7 +89,7 @@ class Repo:
         ]
 
     def task(self, issue: Issue) -> dict[str, Any]:
-        """The task record of ``issue`` (its ``repo`` and ``split`` keys are extras)."""
+        """The task record of ``issue`` (its ``bundled_repo`` and ``split`` keys are extras)."""
         where = f"bundled repo {self.name!r}, issue {issue.id!r}"
         files = {"tests/__init__.py": "", **self.files}
         for path, good, bad in issue.breaks:
@@ -116,7 +116,7 @@ class Repo:
             test_cmd=_PYTEST_CMD if self.runner == "pytest" else "",
             solution=[[path, bad, good] for path, good, bad in issue.breaks],
         ).to_record()
-        return {**record, "repo": self.name, "split": issue.split}
+        return {**record, "bundled_repo": self.name, "split": issue.split}
 
     def tasks(self, issues: list[Issue]) -> list[dict[str, Any]]:
         """The task records of ``issues``, in order."""

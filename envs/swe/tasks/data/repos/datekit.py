@@ -8,12 +8,20 @@ REPO = Repo(
         "README.md": "# datekit\n\nSmall date helpers: `add_months`, `parse_date`, "
         "`add_business_days`, `humanize`.\n",
         "datekit/__init__.py": """\
-from datekit.business import add_business_days
+from datekit.business import add_business_days, is_business_day
 from datekit.calendar import add_months, days_in_month, is_leap
 from datekit.humanize import humanize
 from datekit.parse import parse_date
 
-__all__ = ["add_business_days", "add_months", "days_in_month", "humanize", "is_leap", "parse_date"]
+__all__ = [
+    "add_business_days",
+    "add_months",
+    "days_in_month",
+    "humanize",
+    "is_business_day",
+    "is_leap",
+    "parse_date",
+]
 """,
         "datekit/calendar.py": '''\
 """Leap years, month lengths and month arithmetic."""
@@ -72,17 +80,25 @@ def parse_date(text):
 
 import datetime
 
+from datekit.parse import parse_date
+
 _ONE_DAY = datetime.timedelta(days=1)
 
 
+def _as_dates(holidays):
+    """Holidays as dates (ISO strings such as "2024-12-25" are parsed)."""
+    return {parse_date(h) if isinstance(h, str) else h for h in holidays}
+
+
 def is_business_day(day, holidays=()):
-    """True on weekdays that are not in ``holidays``."""
-    return day.weekday() < 5 and day not in holidays
+    """True on weekdays that are not in ``holidays`` (dates or ISO date strings)."""
+    return day.weekday() < 5 and day not in _as_dates(holidays)
 
 
 def add_business_days(day, count, holidays=()):
     """The date ``count`` business days after ``day`` (before it when ``count`` < 0)."""
     step = _ONE_DAY if count >= 0 else -_ONE_DAY
+    holidays = _as_dates(holidays)
     remaining = abs(count)
     while remaining:
         day += step
@@ -301,6 +317,66 @@ class IssueTest(unittest.TestCase):
 """,
             fail=["IssueTest.test_back_over_weekend", "IssueTest.test_back_over_holiday"],
             keep=["IssueTest.test_forward"],
+        ),
+        Issue(
+            "holidays-as-strings",
+            """\
+Holidays given as ISO strings are ignored, and `is_business_day` is not exported
+
+`add_business_days(date(2024, 12, 24), 1, holidays=["2024-12-25"])` returns Christmas
+Day: the string is never equal to a date, so the holiday is not skipped. Holidays should
+be accepted as dates or as ISO date strings ("YYYY-MM-DD", parsed like `parse_date`).
+Also, `from datekit import is_business_day` fails although the README lists it as public.
+""",
+            [
+                (
+                    "datekit/business.py",
+                    "    return day.weekday() < 5 and day not in _as_dates(holidays)",
+                    "    return day.weekday() < 5 and day not in holidays",
+                ),
+                (
+                    "datekit/business.py",
+                    """    step = _ONE_DAY if count >= 0 else -_ONE_DAY
+    holidays = _as_dates(holidays)
+""",
+                    """    step = _ONE_DAY if count >= 0 else -_ONE_DAY
+""",
+                ),
+                (
+                    "datekit/__init__.py",
+                    "from datekit.business import add_business_days, is_business_day",
+                    "from datekit.business import add_business_days",
+                ),
+                (
+                    "datekit/__init__.py",
+                    '    "humanize",\n    "is_business_day",\n',
+                    '    "humanize",\n',
+                ),
+            ],
+            """\
+import datetime
+import unittest
+
+import datekit
+from datekit import add_business_days
+
+
+class IssueTest(unittest.TestCase):
+    def test_string_holiday(self):
+        eve = datetime.date(2024, 12, 24)
+        self.assertEqual(add_business_days(eve, 1, ["2024-12-25"]), datetime.date(2024, 12, 26))
+
+    def test_is_business_day_exported(self):
+        self.assertFalse(datekit.is_business_day(datetime.date(2024, 12, 25), ["2024-12-25"]))
+        self.assertTrue(datekit.is_business_day(datetime.date(2024, 12, 24)))
+
+    def test_date_holiday(self):
+        eve = datetime.date(2024, 12, 24)
+        holiday = {datetime.date(2024, 12, 25)}
+        self.assertEqual(add_business_days(eve, 1, holiday), datetime.date(2024, 12, 26))
+""",
+            fail=["IssueTest.test_string_holiday", "IssueTest.test_is_business_day_exported"],
+            keep=["IssueTest.test_date_holiday"],
         ),
         Issue(
             "humanize-singular-units",

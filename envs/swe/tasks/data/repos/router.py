@@ -6,7 +6,8 @@ REPO = Repo(
     "router",
     {
         "README.md": "# router\n\n`r = Router(); r.add('GET', '/users/{id:int}', handler)`; "
-        "`r.dispatch('GET', '/users/7?x=1')` returns `(status, body)`.\n",
+        "`r.dispatch('GET', '/users/7?x=1')` returns `(status, body)`; "
+        "`r.url_for(name, **params)` builds a named route's path.\n",
         "router/__init__.py": """\
 from router.request import parse_query
 from router.router import Router
@@ -17,7 +18,7 @@ __all__ = ["Router", "parse_query"]
 """Compiling route templates such as ``/users/{id:int}`` into matchers."""
 
 import re
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 _CONVERTERS = {"str": (r"[^/]+", str), "int": (r"-?[0-9]+", int)}
 _PARAM = re.compile(r"{(\\w+)(?::(\\w+))?}")
@@ -46,6 +47,13 @@ class Pattern:
         if not found:
             return None
         return {k: self.types[k](unquote(v)) for k, v in found.groupdict().items()}
+
+    def build(self, params):
+        """The path with ``params`` filled in (percent-encoded)."""
+        missing = set(self.types) - set(params)
+        if missing:
+            raise KeyError(f"{self.template}: missing parameter(s) {sorted(missing)}")
+        return _PARAM.sub(lambda m: quote(str(params[m.group(1)]), safe=""), self.template)
 ''',
         "router/request.py": '''\
 """Query strings."""
@@ -73,9 +81,18 @@ from router.request import parse_query
 class Router:
     def __init__(self):
         self.routes = []
+        self.names = {}
 
-    def add(self, method, template, handler):
-        self.routes.append((method.upper(), Pattern(template), handler))
+    def add(self, method, template, handler, name=None):
+        """Route ``method template`` to ``handler(params, query)``; ``name`` it for url_for."""
+        pattern = Pattern(template)
+        self.routes.append((method.upper(), pattern, handler))
+        if name is not None:
+            self.names[name] = pattern
+
+    def url_for(self, route, /, **params):
+        """The path of the route named ``route``: ``url_for("user", id=7) == "/users/7"``."""
+        return self.names[route].build(params)
 
     def _candidates(self, path):
         # Static routes win over parameterised ones, whatever the order they were added in.
@@ -265,6 +282,97 @@ def test_percent():
 """,
             fail=["test_repeated", "test_plus_is_space"],
             keep=["test_percent"],
+        ),
+        Issue(
+            "url-for",
+            """\
+`Router.url_for` is missing: build paths from route names
+
+The README promises reverse routing, but there is no way to name a route or build its
+path. Please support `r.add("GET", "/users/{id:int}", show_user, name="user")` and
+`r.url_for("user", id=7) == "/users/7"`. Parameter values are percent-encoded
+(`url_for("file", name="a b/c")` gives "/files/a%20b%2Fc"), and a missing parameter
+raises KeyError naming it.
+""",
+            [
+                (
+                    "router/pattern.py",
+                    """        return {k: self.types[k](unquote(v)) for k, v in found.groupdict().items()}
+
+    def build(self, params):
+        \"\"\"The path with ``params`` filled in (percent-encoded).\"\"\"
+        missing = set(self.types) - set(params)
+        if missing:
+            raise KeyError(f"{self.template}: missing parameter(s) {sorted(missing)}")
+        return _PARAM.sub(lambda m: quote(str(params[m.group(1)]), safe=""), self.template)
+""",
+                    """        return {k: self.types[k](unquote(v)) for k, v in found.groupdict().items()}
+""",
+                ),
+                (
+                    "router/pattern.py",
+                    "from urllib.parse import quote, unquote",
+                    "from urllib.parse import unquote",
+                ),
+                (
+                    "router/router.py",
+                    """        self.routes = []
+        self.names = {}
+
+    def add(self, method, template, handler, name=None):
+        \"\"\"Route ``method template`` to ``handler(params, query)``; ``name`` it for url_for.\"\"\"
+        pattern = Pattern(template)
+        self.routes.append((method.upper(), pattern, handler))
+        if name is not None:
+            self.names[name] = pattern
+
+    def url_for(self, route, /, **params):
+        \"\"\"The path of the route named ``route``: ``url_for("user", id=7) == "/users/7"``.\"\"\"
+        return self.names[route].build(params)
+""",
+                    """        self.routes = []
+
+    def add(self, method, template, handler):
+        self.routes.append((method.upper(), Pattern(template), handler))
+""",
+                ),
+            ],
+            """\
+import pytest
+
+from router import Router
+
+
+def make():
+    r = Router()
+    r.add("GET", "/users/{id:int}", lambda p, q: p, name="user")
+    r.add("GET", "/files/{name}/v{version:int}", lambda p, q: p, name="file")
+    return r
+
+
+def test_url_for():
+    assert make().url_for("user", id=7) == "/users/7"
+
+
+def test_url_for_encodes_and_round_trips():
+    r = make()
+    path = r.url_for("file", name="a b/c", version=2)
+    assert path == "/files/a%20b%2Fc/v2"
+    assert r.dispatch("GET", path) == (200, {"name": "a b/c", "version": 2})
+
+
+def test_missing_parameter():
+    with pytest.raises(KeyError, match="version"):
+        make().url_for("file", name="x")
+
+
+def test_unnamed_routes_still_work():
+    r = Router()
+    r.add("GET", "/a", lambda p, q: "a")
+    assert r.dispatch("GET", "/a") == (200, "a")
+""",
+            fail=["test_url_for", "test_url_for_encodes_and_round_trips", "test_missing_parameter"],
+            keep=["test_unnamed_routes_still_work"],
         ),
         Issue(
             "static-routes-win",
