@@ -98,7 +98,8 @@ def test_make_samples_gae_from_the_critic_values():
     ("overrides", "key"),
     [
         (["critic.lr=1e-4"], "critic.lr"),
-        (["critic.value_clip=0.5"], "critic.value_clip"),
+        (["critic.updates=2"], "critic.updates"),
+        (["rollout.advantage=gae", "critic.value_clip=0.2"], "critic.value_clip"),  # 1 update
         (["rollout.gamma=0.99"], "rollout.gamma"),
         (["rollout.advantage=rloo", "rollout.gae_lambda=0.95"], "rollout.gae_lambda"),
         (["rollout.advantage=gae", "critic.path=/no/such/model"], "critic.path"),
@@ -120,8 +121,9 @@ def test_gae_config_loads():
             "rollout.advantage=gae",
             "rollout.gae_lambda=0.95",
             "critic.lr=1e-4",
-            "critic.value_clip=0",
+            "critic.updates=3",
+            "critic.value_clip=0.2",
         ]
     )
     assert (cfg.rollout.gamma, cfg.rollout.gae_lambda) == (1.0, 0.95)
-    assert (cfg.critic.lr, cfg.critic.value_clip) == (1e-4, 0.0)
+    assert (cfg.critic.lr, cfg.critic.updates, cfg.critic.value_clip) == (1e-4, 3, 0.2)

@@ -59,6 +59,8 @@ def _overrides(tmp_path: Path, url: str, *extra: str) -> list[str]:
         "rollout.advantage=gae",
         "rollout.gamma=0.99",
         "critic.lr=1e-3",
+        "critic.updates=2",
+        "critic.value_clip=0.5",
         "eval_every=0",
         "save_every=1",
         "plot=false",

@@ -50,7 +50,7 @@ def _with_returns(samples, values):
 def test_critic_learns_the_returns_and_resumes_exactly(family, hf_checkpoints, dist1, tmp_path):
     folder = hf_checkpoints[family]
     config = TrainerConfig(lr=1e-6, micro_batch_tokens=64)  # the policy's lr: not the critic's
-    critic = Critic(folder, config, CriticConfig(lr=1e-3, value_clip=0.2))
+    critic = Critic(folder, config, CriticConfig(lr=1e-3))
     assert critic.config.lr == 1e-3 and critic.lr_key == "critic.lr"
     head = critic.module.value_head
     assert head.weight.requires_grad and not head.weight.abs().sum()
@@ -76,7 +76,7 @@ def test_critic_learns_the_returns_and_resumes_exactly(family, hf_checkpoints, d
     assert 0 < m["explained_variance"] < 1  # better than the mean return, not perfect
 
     critic.save_checkpoint(tmp_path / "critic")
-    again = Critic(folder, config, CriticConfig(lr=1e-3, value_clip=0.2))
+    again = Critic(folder, config, CriticConfig(lr=1e-3))
     assert again.load_checkpoint(tmp_path / "critic") == critic.step == 5
     values = critic.compute_values(samples)
     assert again.compute_values(samples) == values  # the same weights, bit for bit
@@ -86,6 +86,21 @@ def test_critic_learns_the_returns_and_resumes_exactly(family, hf_checkpoints, d
     assert a == pytest.approx(b, rel=1e-9)
     # The same weights after that step: Adam's moments came back too
     assert again.compute_values(samples) == critic.compute_values(samples)
+
+
+def test_value_clip_acts_from_the_second_update(hf_checkpoints, dist1):
+    folder, config = hf_checkpoints["llama"], TrainerConfig(micro_batch_tokens=64)
+    clipped = Critic(folder, config, CriticConfig(lr=3e-2, updates=3, value_clip=0.01))
+    free = Critic(folder, config, CriticConfig(lr=3e-2, updates=3))
+    samples = random_samples(4, 250, seed=2)
+    _with_returns(samples, free.compute_values(samples))
+    mc, mf = clipped.train_step(samples), free.train_step(samples)
+    assert clipped.step == free.step == 3  # three optimizer steps on the one batch
+    # The first update starts at V_old (no clip, the same loss); the later ones moved V
+    # by more than ε = 0.01 on some tokens, where the clipped branch then decided.
+    assert mc["value_loss"] == mf["value_loss"]
+    assert mf["clipfrac"] == 0.0 and 0 < mc["clipfrac"] < 1
+    assert clipped.compute_values(samples) != free.compute_values(samples)
 
 
 def test_critic_refuses_samples_without_returns_and_log_probs(hf_checkpoints, dist1):

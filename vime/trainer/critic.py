@@ -55,24 +55,35 @@ class CriticConfig:
     """The critic of ``rollout.advantage=gae``. ``path`` empty: the policy's starting
     weights (the usual choice); else an HF folder of a supported family with the
     policy's vocabulary. ``lr``: the critic's own learning rate (constant; the trainer's
-    Adam, weight decay and gradient clip settings otherwise). ``value_clip``: ε of the
-    PPO value clip (0 turns it off).
+    Adam, weight decay and gradient clip settings otherwise). ``updates``: optimizer
+    steps on each batch. ``value_clip``: ε of the PPO value clip, which bounds how far
+    the values move from those the advantages were made from (0: off); the first update
+    starts at those very values, so the clip acts from the second update on and needs
+    ``updates > 1``.
 
     Example:
-        >>> CriticConfig(lr=1e-4).value_clip
+        >>> CriticConfig(updates=2, value_clip=0.2).value_clip
         0.2
     """
 
     path: str = ""
     lr: float = 1e-5
-    value_clip: float = 0.2
+    updates: int = 1
+    value_clip: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.lr > 0, "critic.lr", f"must be > 0, got {self.lr}")
+        require(self.updates >= 1, "critic.updates", f"must be >= 1, got {self.updates}")
         require(
             self.value_clip >= 0,
             "critic.value_clip",
             f"must be >= 0 (0 turns the value clip off), got {self.value_clip}",
+        )
+        require(
+            self.value_clip == 0 or self.updates > 1,
+            "critic.value_clip",
+            "never acts with critic.updates=1 (the one update starts at the values the "
+            "clip is measured from): set critic.updates > 1, or leave the clip at 0",
         )
 
 
@@ -182,11 +193,14 @@ class Critic(Trainer):
     def train_step(
         self, samples: Sequence[Sample], old_logprobs: Sequence[Sequence[float]] | None = None
     ) -> dict[str, float]:
-        """One optimizer step of the value loss on ``samples`` (which need ``values`` and
-        ``returns``); returns the critic's metrics, computed before the update.
+        """``critic.updates`` optimizer steps of the value loss on ``samples`` (which
+        need ``values`` and ``returns``); returns the critic's metrics.
 
-        ``explained_variance`` is ``1 − Var(R − V) / Var(R)`` over the step's loss tokens:
-        1 when the values predict the returns, 0 when they do no better than their mean.
+        ``value_loss``, ``explained_variance`` and ``values_mean`` are of the values
+        before the first update; ``clipfrac`` is over every update; ``grad_norm`` is the
+        last update's. ``explained_variance`` is ``1 − Var(R − V) / Var(R)`` over the
+        step's loss tokens: 1 when the values predict the returns, 0 when they do no
+        better than a constant (NaN when every return is equal).
 
         Example (skipped as a doctest: see the class example):
             >>> sorted(critic.train_step(samples))[:3]  # doctest: +SKIP
@@ -202,18 +216,22 @@ class Critic(Trainer):
         local = self._local_indices(samples)
         tokens, _ = self._step_counts(samples, local)
         mbs = self._micro_batches(samples, local, None)
-        outputs, grad_norm = self._optimize(mbs, partial(self._value_loss_func, max(tokens, 1.0)))
-        sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
-        for out in outputs:
-            sums += out["sums"]
-        s = dict(zip(_SUMS, self._reduce(sums).tolist(), strict=True))
+        loss_func = partial(self._value_loss_func, max(tokens, 1.0))
+        updates = []
+        for _ in range(self.critic_config.updates):
+            outputs, grad_norm = self._optimize(mbs, loss_func)
+            sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
+            for out in outputs:
+                sums += out["sums"]
+            updates.append(dict(zip(_SUMS, self._reduce(sums).tolist(), strict=True)))
+        s = updates[0]
         n = max(s["tokens"], 1.0)
         var_r = s["r2"] / n - (s["r"] / n) ** 2
         var_e = s["e2"] / n - (s["e"] / n) ** 2
         return {
             "value_loss": s["loss"],
             "explained_variance": 1.0 - var_e / var_r if var_r > 1e-12 else float("nan"),
-            "clipfrac": s["clipped"] / n,
+            "clipfrac": sum(u["clipped"] for u in updates) / (n * len(updates)),
             "values_mean": s["v"] / n,
             "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
             "lr": float(self.optimizer.param_groups[0]["lr"]),
