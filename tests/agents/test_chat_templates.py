@@ -20,7 +20,7 @@ from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.completion import parse_completion
 from vime.agents.turn_samples import sample_spans
 from vime.envs import Env
-from vime.models.templates import with_chat_template
+from vime.models.templates import load_chat_template, with_chat_template
 from vime.rl.advantages import make_samples
 from vime.rl.config import load_config
 from vime.types import Action, EpisodeStatus, SamplingParams
@@ -193,3 +193,62 @@ def check_episode(tok, ep, samples: list, turns: list) -> None:
     # So the third turn cannot extend the sample before it: a new sample starts there.
     assert len(samples) >= 2 and samples[-1].tokens[: len(turns[2][0])] == turns[2][0]
     assert ep.metrics["turn_samples"] == len(samples)
+
+
+@pytest.fixture
+def shared_engine(vllm_server, tiny_model_dir):
+    """The session server; restored to the tiny model's weights (version 0) afterwards."""
+    from vime.engine import EngineClient
+
+    yield vllm_server
+    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+
+
+@pytest.mark.slow
+def test_rl_steps_train_per_turn_samples_with_the_qwen3_template(shared_engine, tmp_path):
+    """Two RL steps of the real loop on Tools-v0: every turn a thinking calculator call
+    (structured outputs), so each episode of four turns is several samples."""
+    import json
+
+    from vime.buffer import DataBuffer
+    from vime.rl.loop import train
+
+    turn = (
+        '<think>\nI compute.\n</think>\n\n<tool_call>\n{"name": "calculator", '
+        '"arguments": {"expression": "1+1"}}\n</tool_call>'
+    )
+    cfg = load_config(
+        [
+            f"engine.url={shared_engine.url}",
+            f"run_root={tmp_path}",
+            "env=tools",
+            "env.kwargs.max_turns=4",
+            "model.warm_start_steps=0",
+            "model.chat_template=qwen3",
+            "rollout.collector.sample_per_turn=true",
+            "rollout.batch_size=2",
+            "rollout.collector.n_samples=2",
+            "rollout.filter_groups=false",
+            "rollout.collector.sampling.max_tokens=120",
+            "rollout.collector.max_model_len=1024",
+            "engine.max_model_len=1024",
+            "steps=2",
+            "eval_every=0",
+            "save_every=0",
+            "plot=false",
+        ]
+    )
+    cfg.rollout.collector.sampling.extra_body = {"structured_outputs": {"regex": re.escape(turn)}}
+    result = train(cfg)
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    buffer = DataBuffer(result.run_dir, readonly=True)
+    for row in rows:
+        episodes = buffer.read_step(row["step"])
+        assert [len(ep.turns) for ep in episodes] == [4] * 4
+        spans = [len(sample_spans(ep)) for ep in episodes]
+        assert all(n >= 2 for n in spans), spans  # the turns are separate samples
+        assert row["train/num_samples"] == row["samples/trained"] == sum(spans)
+    assert [row["weight_version"] for row in rows] == [1, 2]
+    # The run serves and exports the templated folder: the weights carry the template.
+    exported = json.loads(next(result.run_dir.glob("weights/*/tokenizer_config.json")).read_text())
+    assert exported["chat_template"] == load_chat_template("qwen3")
