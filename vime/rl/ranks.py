@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from vime.engine.config import EngineConfig
 from vime.engine.fleet import EngineFleet
-from vime.errors import TrainerError
+from vime.errors import ConfigError, TrainerError
 from vime.net import address_towards
 from vime.rl.gpu_sync import Push, gather_and_push
 from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
@@ -261,14 +261,16 @@ class TrainerGroup:
         return result
 
     def _critic_checkpoint(self, name: str, trainer_folder: Path) -> None:
+        """Save or load the critic beside the trainer's checkpoint folder."""
         folder = checkpoint_folder(trainer_folder)
         assert self.critic is not None
         if name == "save_checkpoint":
             self.critic.save_checkpoint(folder)
         elif not folder.exists():
-            raise TrainerError(
-                f"{trainer_folder.parent} has no critic checkpoint: the run was saved without "
-                "rollout.advantage=gae; resume it with the advantage it was started with"
+            raise ConfigError(
+                f"rollout.advantage=gae: {trainer_folder.parent} has no critic checkpoint (the "
+                "run was saved without a critic); resume it with the advantage it started with",
+                key="rollout.advantage",
             )
         else:
             self.critic.load_checkpoint(folder)
