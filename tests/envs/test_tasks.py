@@ -109,3 +109,26 @@ def test_config():
     assert len(list(src)) == 10
     with pytest.raises(ConfigError, match=r"tasks\.epochs"):
         TaskSourceConfig(epochs=0)
+
+
+def test_lent_tasks_are_saved_and_served_first_after_resume():
+    tasks = [{"id": f"t{i}"} for i in range(6)]
+    src = TaskSource(tasks, shuffle=False)
+    lent = [src.lend()["id"] for _ in range(4)]
+    assert lent == ["t0", "t1", "t2", "t3"]
+    src.settle(["t2", "t0"])  # a step trained on the groups that finished first
+    state = src.state_dict()
+    assert [t["id"] for t in state["lent"]] == ["t1", "t3"]
+
+    again = TaskSource(tasks, shuffle=False)
+    again.load_state_dict(state)
+    # The tasks in flight at the checkpoint are played again first, then the source goes on.
+    assert [again.lend()["id"] for _ in range(3)] == ["t1", "t3", "t4"]
+
+
+def test_settle_walks_the_source_when_replaying_a_buffered_step():
+    src = TaskSource([{"id": f"t{i}"} for i in range(6)], shuffle=False)
+    src.settle(["t1"], max_draws=2)  # t0 drawn on the way stays lent
+    assert [t["id"] for t in src.lent] == ["t0"]
+    with pytest.raises(DataError, match="task source changed"):
+        src.settle(["t5"], max_draws=2)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -200,13 +201,17 @@ def _uninterrupted(args: list[str], steps: int) -> tuple[list[list[str]], dict[s
 
 def check_buffer(run: Path, steps: int, args: list[str]) -> DataBuffer:
     """The buffer holds steps 1..steps, each episode once, every GRPO group complete and
-    each step on exactly the tasks an uninterrupted run draws there; no aborted episode."""
+    each step on exactly the tasks an uninterrupted run draws there; no aborted episode.
+    (Async mode: steps take the groups that finish first, so the steps' tasks together
+    are among the draws of ``steps + max_staleness`` steps, none twice.)"""
     cfg = load_config(args)
     samples = cfg.rollout.collector.n_samples
     buffer = DataBuffer(run, readonly=True)
     assert buffer.steps() == list(range(1, steps + 1))
-    uids = []
-    for step, draw in enumerate(expected_draws(args, steps), start=1):
+    uids, trained = [], []
+    streamed = cfg.rollout.mode == "async"
+    draws = expected_draws(args, steps + (cfg.rollout.max_staleness if streamed else 0))
+    for step, draw in enumerate(draws[:steps], start=1):
         episodes = buffer.read_step(step)
         uids += [ep.uid for ep in episodes]
         assert all(ep.status.value != "aborted" for ep in episodes), step
@@ -216,6 +221,11 @@ def check_buffer(run: Path, steps: int, args: list[str]) -> DataBuffer:
             groups.setdefault(ep.group_id, []).append(ep.sample_index)
             task_of[ep.group_id] = ep.task_id
         assert all(sorted(g) == list(range(samples)) for g in groups.values()), step
-        assert sorted(task_of.values()) == sorted(draw), step
+        trained += task_of.values()
+        if not streamed:
+            assert sorted(task_of.values()) == sorted(draw), step
+    if streamed:
+        drawn = Counter(t for draw in draws for t in draw)
+        assert not Counter(trained) - drawn, "async: a step trained on a task never drawn"
     assert len(uids) == len(set(uids)) == steps * cfg.rollout.batch_size * samples
     return buffer

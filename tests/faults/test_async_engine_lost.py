@@ -1,12 +1,14 @@
-"""Async mode (``rollout.mode=async``) with its engine SIGKILLed while step 2's episodes
-are collected during step 1's training, for real.
+"""Async mode (``rollout.mode=async``) with its engine SIGKILLed while step 3's episodes
+are collected during step 2's training, for real.
 
-The run pauses at step 1's training (``VIME_TEST_PAUSE_AT=train:1``, a few seconds) while
-step 2's collection is already running; the test SIGKILLs the engine's whole process group
-then. Step 1's sync restarts the engine and loads weights v1; step 2 then plays the lost
-episodes again (same tasks, complete groups), as in sync mode
+The stream starts two batches at v0 (``max_staleness=1``): step 1 takes the groups that
+finish first and step 2 the rest. After step 1's sync the stream admits step 3's groups
+(at v1), which run while step 2 trains. The run pauses at step 2's training
+(``VIME_TEST_PAUSE_AT=train:2``, a few seconds) and the test SIGKILLs the engine's whole
+process group then. Step 2's sync restarts the engine and loads weights v2; step 3 then
+plays the lost episodes again (same tasks, complete groups), as in sync mode
 (``test_engine_lost.py``). Every step trains on all its episodes; the buffer holds each
-episode once, on the tasks an uninterrupted run draws.
+episode once, on tasks the run drew.
 """
 
 from __future__ import annotations
@@ -48,14 +50,14 @@ def test_engine_sigkilled_during_the_overlapped_collection_is_restarted_and_retr
         f"run_root={tmp_path}",
     ]
     log = tmp_path / "train.log"
-    proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="train:1", VIME_TEST_PAUSE_S="6")
+    proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="train:2", VIME_TEST_PAUSE_S="6")
     try:
-        wait_log(proc, log, "vime-test: paused at train step 1", 300)
+        wait_log(proc, log, "vime-test: paused at train step 2", 300)
         port = engine_port(run_folder(tmp_path))
         pgid = server_pid(port)
         assert pgid is not None
-        # Step 2's collection runs while step 1 is (about to be) trained.
-        wait_for("step 2's requests", lambda: requests_running(port) > 0, 5, every_s=0.02)
+        # Step 3's collection runs while step 2 is (about to be) trained.
+        wait_for("step 3's requests", lambda: requests_running(port) > 0, 5, every_s=0.02)
         os.killpg(pgid, signal.SIGKILL)
         assert proc.wait(timeout=400) == 0, tail(log)
     finally:
@@ -65,17 +67,17 @@ def test_engine_sigkilled_during_the_overlapped_collection_is_restarted_and_retr
     text = log.read_text()
     run = run_folder(tmp_path)
     assert f"engine http://127.0.0.1:{port} is down; restarting it" in text
-    assert "step 2:" in text and "lost to an unavailable engine" in text
+    assert "step 3:" in text and "lost to an unavailable engine" in text
     done = rows(run)
     assert [r["step"] for r in done] == list(range(1, STEPS + 1))
     for row in done:  # every step trained on all its episodes
         assert row["rollout/episodes"] == BATCH * SAMPLES, row
         assert row["rollout/aborted"] == 0 and row["rollout/error"] == 0, row
         assert row["samples/trained"] == BATCH * SAMPLES, row
-    assert done[1]["rollout/retried"] > 0  # step 2's lost episodes were played again
+    assert done[2]["rollout/retried"] > 0  # step 3's lost episodes were played again
     assert done[-1]["weight_version"] == STEPS  # the restarted engine took every sync
     buffer = check_buffer(run, STEPS, args)
-    # Async: step 2's episodes finished before the kill were sampled at v0; the lost ones
-    # were played again on the restarted engine once step 1's sync had loaded v1 into it.
-    versions = {v for ep in buffer.read_step(2) for v in ep.weight_versions if v >= 0}
-    assert 1 in versions and versions <= {0, 1}
+    # Async: step 3's episodes finished before the kill were sampled at v1; the lost ones
+    # were played again on the restarted engine once step 2's sync had loaded v2 into it.
+    versions = {v for ep in buffer.read_step(3) for v in ep.weight_versions if v >= 0}
+    assert 2 in versions and versions <= {1, 2}

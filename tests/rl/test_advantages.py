@@ -23,7 +23,7 @@ from vime.rl.advantages import (
     rloo,
 )
 from vime.rl.config import RolloutConfig, TrainConfig, load_config
-from vime.rl.loop import _episodes
+from vime.rl.rollouts import Rollouts
 from vime.trainer.losses import LossConfig, aggregate, denominator, policy_loss
 from vime.trainer.reference import ReferenceConfig
 from vime.trainer.step import TrainerConfig
@@ -165,7 +165,7 @@ def test_advantage_key_selects_the_estimator():
         (["rollout.overlong=penalty"], r"rollout\.overlong_penalty.*rollout\.overlong=penalty"),
         (["rollout.overlong_penalty=1.0"], r"rollout\.overlong_penalty.*rollout\.overlong=penalty"),
         (["rollout.advantage=rloo", "rollout.normalize_std=false"], r"normalize_std.*advantage"),
-        (["rollout.refill_retries=2", "rollout=async"], r"refill_retries.*rollout\.mode=sync"),
+        (["rollout=async", "placement.mode=colocated"], r"rollout\.mode.*placement\.mode=split"),
         (["reference.path=/tmp"], r"reference\.path.*trainer\.loss\.kl_coef.*kl_reward_coef"),
         (["rollout.advantage=ppo"], r"rollout\.advantage"),
         (["trainer.loss.kl_estimator=k4"], r"kl_estimator"),
@@ -198,6 +198,11 @@ class _Runner:
         self.tasks = TaskSource([{"id": f"t{i}"} for i in range(20)], shuffle=False)
         self.collector, self._env_factory = self, None
 
+    # The runner's own refill code, on this runner's fakes (no engine, no threads).
+    step_episodes = Rollouts.step_episodes
+    _refill = Rollouts._refill
+    _replay_refilled = Rollouts._replay_refilled
+
     def _draw(self):
         return self.tasks.take(
             max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
@@ -227,7 +232,7 @@ class _Runner:
 def test_refill_draws_until_the_batch_is_full_and_resume_replays_it(tmp_path):
     cfg = _cfg(batch_size=2, refill_retries=3)
     runner = _Runner(cfg, tmp_path)
-    episodes, stats = _episodes(runner, step=1, version=0)
+    episodes, stats = runner.step_episodes(step=1, version=0)
     # draw 1: t0 (signal), t1 (filtered) → 1 group; refill 1: t2, t3 → 2 groups: full
     assert stats["rollout/refills"] == 1.0 and stats["rollout/tasks_drawn"] == 4.0
     assert sorted({ep.task_id for ep in runner.buffer.read_step(1)}) == ["t0", "t1", "t2", "t3"]
@@ -237,7 +242,7 @@ def test_refill_draws_until_the_batch_is_full_and_resume_replays_it(tmp_path):
     runner.buffer.close()
     # resume: the step is replayed from the buffer, refill included, at the same position
     again = _Runner(cfg, tmp_path)
-    replayed, stats = _episodes(again, step=1, version=0)
+    replayed, stats = again.step_episodes(step=1, version=0)
     assert [ep.uid for ep in replayed] == [ep.uid for ep in episodes]
     assert stats["rollout/replayed"] == 1.0 and stats["rollout/refills"] == 1.0
     assert again.tasks.state_dict() == position and again.calls == 0
@@ -245,10 +250,10 @@ def test_refill_draws_until_the_batch_is_full_and_resume_replays_it(tmp_path):
 
 def test_refill_is_bounded_and_leaves_aborted_rounds_out(tmp_path):
     runner = _Runner(_cfg(batch_size=2, refill_retries=2), tmp_path / "a", all_equal=True)
-    _, stats = _episodes(runner, step=1, version=0)
+    _, stats = runner.step_episodes(step=1, version=0)
     assert stats["rollout/refills"] == 2.0 and stats["rollout/tasks_drawn"] == 6.0
     runner = _Runner(_cfg(batch_size=2, refill_retries=2), tmp_path / "b", abort=True)
-    episodes, stats = _episodes(runner, step=1, version=0)
+    episodes, stats = runner.step_episodes(step=1, version=0)
     assert stats["rollout/refills"] == 0.0 and len(episodes) == 4  # the aborted round: out
     assert runner.tasks.state_dict()["index"] == 2  # its tasks were put back
     assert len(runner.buffer.read_step(1)) == 4

@@ -22,6 +22,7 @@ import copy
 import hashlib
 import json
 import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,11 @@ class TaskSource:
     ``numpy.random.default_rng([seed, e])``: the order depends only on the seed and the
     epoch, so a restored position replays nothing and skips nothing.
 
+    Lending (the continuous async loop, :mod:`vime.rl.stream`): :meth:`lend` hands a task
+    out and keeps it as *lent* until :meth:`settle` says a step trained on it. The saved
+    state holds the lent tasks, so a run killed with groups in flight plays them again
+    after ``resume`` (first, before new draws) instead of skipping them.
+
     Example:
         >>> src = TaskSource([{"id": "a"}, {"id": "b"}], seed=1, epochs=1)
         >>> sorted(t["id"] for t in src)
@@ -289,6 +295,10 @@ class TaskSource:
         self.epoch = 0
         self.index = 0
         self._order = self._permutation(0)
+        self.lent: list[Task] = []  # handed out by lend(), not settled yet
+        self._again: list[Task] = []  # lent when a checkpoint was saved: served first
+        # lend() runs on the rollout thread while the trainer's thread settles and saves.
+        self._lock = threading.RLock()
 
     @classmethod
     def from_config(
@@ -322,6 +332,8 @@ class TaskSource:
             >>> TaskSource([{"id": "a"}]).next()
             {'id': 'a'}
         """
+        if self._again:
+            return self._again.pop(0)
         if self.index >= len(self.tasks):
             self.epoch += 1
             self.index = 0
@@ -347,21 +359,65 @@ class TaskSource:
                 break
         return out
 
+    def lend(self) -> Task:
+        """The next task, kept as lent until :meth:`settle`; ``StopIteration`` at the end.
+
+        Example:
+            >>> src = TaskSource([{"id": "a"}, {"id": "b"}], shuffle=False)
+            >>> src.lend()["id"], [t["id"] for t in src.lent]
+            ('a', ['a'])
+        """
+        with self._lock:
+            task = self.next()
+            self.lent.append(task)
+            return task
+
+    def settle(self, task_ids: Sequence[str], *, max_draws: int = 0) -> None:
+        """A step trained on these tasks (one id per group): they are no longer lent.
+
+        An id that is not lent is drawn (lent) first, at most ``max_draws`` draws in all:
+        replaying a buffered step after ``resume`` walks the source as the run did.
+
+        Raises:
+            DataError: an id was not lent and ``max_draws`` draws did not reach it.
+
+        Example:
+            >>> src = TaskSource([{"id": "a"}, {"id": "b"}], shuffle=False)
+            >>> src.settle(["b"], max_draws=2)
+            >>> [t["id"] for t in src.lent]
+            ['a']
+        """
+        draws = 0
+        with self._lock:
+            for task_id in task_ids:
+                while not any(str(t["id"]) == task_id for t in self.lent):
+                    if draws == max_draws:
+                        raise DataError(
+                            f"task {task_id!r} was not drawn where the run drew it; the task "
+                            "source changed since the run started (env.tasks.*)"
+                        )
+                    self.lend()
+                    draws += 1
+                at = next(i for i, t in enumerate(self.lent) if str(t["id"]) == task_id)
+                self.lent.pop(at)
+
     def state_dict(self) -> dict[str, Any]:
-        """The position, to save with a checkpoint.
+        """The position, to save with a checkpoint (with the lent tasks, see the class).
 
         Example:
             >>> TaskSource([{"id": "a"}], seed=3).state_dict()["seed"]
             3
         """
-        return {
-            "seed": self.seed,
-            "shuffle": self.shuffle,
-            "epoch": self.epoch,
-            "index": self.index,
-            "num_tasks": len(self.tasks),
-            "fingerprint": self.fingerprint(),
-        }
+        with self._lock:  # the position and the lent tasks of one moment
+            return {
+                "seed": self.seed,
+                "shuffle": self.shuffle,
+                "epoch": self.epoch,
+                "index": self.index,
+                "num_tasks": len(self.tasks),
+                "fingerprint": self.fingerprint(),
+                "lent": copy.deepcopy(self.lent + self._again),
+            }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Continue from a saved position; the tasks must be the same as when it was saved.
@@ -383,6 +439,7 @@ class TaskSource:
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
         self._order = self._permutation(self.epoch)
+        self.lent, self._again = [], copy.deepcopy(list(state.get("lent", [])))
 
     def fingerprint(self) -> str:
         """A short hash of the task ids in load order (detects a changed task file)."""

@@ -6,7 +6,8 @@ Groups (pick one option with ``group=option``):
 - ``model``: ``tiny`` (default: the locally built tiny model plus a warm start).
 - ``trainer``: ``grpo`` (default), ``dr_grpo``, ``gspo`` — the policy objective.
 - ``engine``: ``cpu`` (default, float32), ``gpu`` (CUDA, bfloat16).
-- ``rollout``: ``sync`` (default, on-policy), ``async`` (step n+1 collects while n trains).
+- ``rollout``: ``sync`` (default, on-policy), ``async`` (rollouts never stop; steps take
+  the groups that finish first, at most ``max_staleness`` versions old).
 
 Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
 ``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
@@ -125,8 +126,10 @@ class RolloutConfig:
     ``batch_size`` tasks per step, each sampled ``collector.n_samples`` times (a GRPO
     group). ``oversample`` > 1 draws more groups than needed so that ``filter_groups``
     (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
-    full batch. ``mode=async`` collects step n+1 while step n trains; samples older than
-    ``max_staleness`` weight versions are dropped, the rest are corrected by TIS.
+    full batch. ``mode=async`` plays groups continuously while the trainer trains, at most
+    ``max_staleness`` weight versions ahead, and a step takes the first ``batch_size``
+    groups that finish (:mod:`vime.rl.stream`); samples older than ``max_staleness``
+    versions are dropped, the rest are corrected by TIS.
     ``partial_rollouts`` (default): a weight sync that lands while requests are in flight
     aborts them, and each continues under the new weights from where it stopped, every
     token keeping the version that sampled it (:mod:`vime.agents.completion`); false:
@@ -167,7 +170,7 @@ class RolloutConfig:
     overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
     overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
     kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
-    refill_retries: int = 0  # extra draws when filter_groups leaves fewer than batch_size
+    refill_retries: int = 0  # extra draws (of batch_size) when filter_groups leaves too few
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")
@@ -264,11 +267,6 @@ class TrainConfig:
             "rollout.normalize_std",
             f"=false applies to rollout.advantage=grpo only (it is {r.advantage!r})",
         )
-        require(
-            r.refill_retries == 0 or r.mode == "sync",
-            "rollout.refill_retries",
-            "needs rollout.mode=sync (async draws the next step's tasks ahead)",
-        )
         kl_on = loss.kl_coef > 0 or r.kl_reward_coef > 0
         require(
             not self.reference.path or kl_on,
@@ -313,6 +311,13 @@ class TrainConfig:
 
     def _check_sync(self) -> None:
         """The GPU transports' needs, checked at start rather than at the first sync."""
+        require(
+            self.rollout.mode == "sync" or self.placement.mode == "split",
+            "rollout.mode",
+            "=async plays rollouts while the trainer trains, and placement.mode=colocated "
+            "engines sleep then; use placement.mode=split (engines on their own devices) "
+            "or rollout.mode=sync",
+        )
         if self.sync == "disk":
             return
         require(

@@ -44,7 +44,7 @@ from vime.models.tiny import build_tiny_model
 from vime.observability.metrics import plot_curves
 from vime.observability.recorder import StepRecorder
 from vime.observability.trace import TRACE
-from vime.rl.advantages import make_samples, needs_reference, select_groups
+from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.evaluate import evaluate
@@ -65,7 +65,7 @@ from vime.rl.weight_sync import DiskWeightSync
 from vime.trainer.critic import Critic
 from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
-from vime.types import Episode, EpisodeStatus
+from vime.types import Episode
 
 log = logging.getLogger("vime.train")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -130,7 +130,7 @@ def train(cfg: TrainConfig) -> TrainResult:
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
             t0 = metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
-            episodes, rollout_stats = _episodes(runner, step, version)
+            episodes, rollout_stats = runner.step_episodes(step, version)
             t1 = time.perf_counter()
             with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
                 learn_stats = _learn(group, episodes, cfg, version, step)
@@ -295,80 +295,6 @@ def _fleet_version(engines: list[EngineClient], version: int) -> int:
     """The oldest weight version an engine reports (the sync checked each one)."""
     reported = [v for v in (e.get_weight_version() for e in engines) if v is not None]
     return min((int(v) for v in reported), default=version)
-
-
-def _episodes(runner: Rollouts, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
-    """The step's episodes: the runner's draw, refilled (:func:`_refill`) while
-    ``filter_groups`` leaves fewer than ``batch_size`` groups (dynamic sampling).
-
-    Example (skipped as a doctest: it needs a runner with engines):
-        >>> episodes, stats = _episodes(runner, step=3, version=2)  # doctest: +SKIP
-        >>> stats["rollout/tasks_drawn"], stats["rollout/refills"]  # doctest: +SKIP
-        (128.0, 1.0)
-    """
-    cfg = runner.cfg
-    if cfg.rollout.refill_retries and step in runner.buffer.steps():
-        episodes, rounds = _replay_refilled(runner, step)
-        stats = {"rollout/replayed": 1.0}
-    else:
-        episodes, stats = runner.episodes_for(step, version)
-        episodes, rounds = _refill(runner, step, version, episodes)
-    trainable = [ep for ep in episodes if ep.trainable]
-    per_draw = max(1, round(cfg.rollout.batch_size * cfg.rollout.oversample))
-    stats.update(
-        {  # over every round (the runner's figures are of its own draw)
-            "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
-            "rollout/episodes": float(len(episodes)),
-            "rollout/tasks_drawn": float(per_draw * (rounds + 1)),
-            "rollout/refills": float(rounds),
-        }
-    )
-    return episodes, stats
-
-
-def _refill(
-    runner: Rollouts, step: int, version: int, episodes: list[Episode]
-) -> tuple[list[Episode], int]:
-    """Up to ``rollout.refill_retries`` more draws of the runner's size while fewer than
-    ``batch_size`` groups survive; each round is buffered under the step before training.
-    Returns the episodes and the rounds drawn."""
-    cfg, rounds = runner.cfg, 0
-    while (
-        rounds < cfg.rollout.refill_retries
-        and len(select_groups(episodes, cfg, version)[0]) < cfg.rollout.batch_size
-    ):
-        position = runner.tasks.state_dict()
-        drawn = runner._draw()
-        extra = runner.run(runner.collector.collect(drawn, runner._env_factory))
-        if any(ep.status is EpisodeStatus.ABORTED for ep in extra):
-            # Ctrl-C or a lost engine: the round is left out (not buffered, its tasks not
-            # drawn) and the step trains on what it has; the runner handles the rest.
-            runner.tasks.load_state_dict(position)
-            log.warning("step %d: refill round %d aborted; not refilling", step, rounds + 1)
-            break
-        runner.buffer.append(extra, step)  # fsync'd before the step trains on them
-        episodes, rounds = episodes + extra, rounds + 1
-    return episodes, rounds
-
-
-def _replay_refilled(runner: Rollouts, step: int) -> tuple[list[Episode], int]:
-    """(Resume.) A buffered step with its refill rounds: the task source draws as many
-    rounds as the step did (until every buffered task is among them), so that its
-    position is the original run's. Returns the episodes and the refill rounds."""
-    episodes = runner.buffer.read_step(step)
-    wanted = {ep.task_id for ep in episodes}
-    drawn: set[str] = set()
-    rounds = -1
-    while not wanted <= drawn and rounds < runner.cfg.rollout.refill_retries:
-        drawn |= {str(t["id"]) for t in runner._draw()}
-        rounds += 1
-    if not wanted <= drawn:
-        raise ConfigError(
-            f"resume: buffered step {step} holds tasks the restored data position did not "
-            "draw; the task source changed since the run started (env.tasks.*)",
-            key="env.tasks",
-        )
-    return episodes, rounds
 
 
 def _open_run(cfg: TrainConfig) -> RunDir:

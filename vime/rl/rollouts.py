@@ -29,7 +29,6 @@ Example (skipped as a doctest: it needs engines, a trainer and a run folder):
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import logging
 import re
@@ -48,8 +47,10 @@ from vime.buffer import DataBuffer
 from vime.envs import TaskSource
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError, EngineError, RolloutError
+from vime.rl.advantages import select_groups
 from vime.rl.config import TrainConfig
 from vime.rl.run_dir import RunDir
+from vime.rl.stream import RolloutStream
 from vime.rl.weight_sync import DiskWeightSync
 from vime.types import Episode, EpisodeStatus
 
@@ -168,9 +169,9 @@ class Rollouts:
             target=self.loop.run_forever, name="vime-rollouts", daemon=True
         )
         self.thread.start()
-        self.pending: concurrent.futures.Future[list[Episode]] | None = None
-        self.pending_step = -1
+        self.stream: RolloutStream | None = None  # rollout.mode=async, from its first step
         self.collect_s = 0.0  # wall time of the last batch _collect played
+        self.taken_at = 0.0  # (async) when the last step took its batch (perf_counter)
         STOP.hooks.append(self._abort_soon)
 
     def __enter__(self) -> Rollouts:
@@ -186,10 +187,9 @@ class Rollouts:
     def close(self) -> None:
         with contextlib.suppress(ValueError):
             STOP.hooks.remove(self._abort_soon)
-        if self.pending is not None:
-            self.collector.abort()
+        if self.stream is not None:
             with contextlib.suppress(Exception):
-                self.pending.result(timeout=60)
+                self.run(self.stream.stop())
         with contextlib.suppress(Exception):
             self.run(self.policy.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -197,42 +197,172 @@ class Rollouts:
 
     def _abort_soon(self) -> None:
         # From the signal handler: the collector's event belongs to the rollout loop.
-        self.loop.call_soon_threadsafe(self.collector.abort)
+        self.loop.call_soon_threadsafe(self._abort)
+
+    def _abort(self) -> None:
+        if self.stream is not None:  # admit nothing more; take() returns what it has
+            self.stream.stopping = True
+            self.stream.wake()
+        self.collector.abort()
 
     def _draw(self) -> list[dict[str, Any]]:
         n = max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
         return self.tasks.take(n)
 
+    def step_episodes(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+        """The episodes step ``step`` trains on, and rollout metrics: :meth:`episodes_for`,
+        refilled (sync mode, :meth:`_refill`) while ``filter_groups`` leaves fewer than
+        ``batch_size`` groups (dynamic sampling; async mode refills by itself).
+
+        Example (skipped as a doctest: it needs a runner with engines):
+            >>> episodes, stats = runner.step_episodes(step=3, version=2)  # doctest: +SKIP
+            >>> stats["rollout/tasks_drawn"], stats["rollout/refills"]  # doctest: +SKIP
+            (128.0, 1.0)
+        """
+        r = self.cfg.rollout
+        if r.mode == "async":
+            episodes, stats = self.episodes_for(step, version)
+            groups = len({ep.group_id for ep in episodes})
+            refills = max(0, groups - r.batch_size) / r.batch_size  # in draws of batch_size
+            return episodes, {
+                **stats,
+                "rollout/tasks_drawn": float(groups),
+                "rollout/refills": refills,
+            }
+        if r.refill_retries and step in self.buffer.steps():
+            episodes, rounds = self._replay_refilled(step)
+            stats = {"rollout/replayed": 1.0}
+        else:
+            episodes, stats = self.episodes_for(step, version)
+            episodes, rounds = self._refill(step, version, episodes)
+        trainable = [ep for ep in episodes if ep.trainable]
+        per_draw = max(1, round(r.batch_size * r.oversample))
+        stats.update(
+            {  # over every round (the runner's figures are of its own draw)
+                "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
+                "rollout/episodes": float(len(episodes)),
+                "rollout/tasks_drawn": float(per_draw * (rounds + 1)),
+                "rollout/refills": float(rounds),
+            }
+        )
+        return episodes, stats
+
+    def _refill(
+        self, step: int, version: int, episodes: list[Episode]
+    ) -> tuple[list[Episode], int]:
+        """Up to ``rollout.refill_retries`` more draws of the runner's size while fewer than
+        ``batch_size`` groups survive; each round is buffered under the step before training.
+        Returns the episodes and the rounds drawn."""
+        cfg, rounds = self.cfg, 0
+        while (
+            rounds < cfg.rollout.refill_retries
+            and len(select_groups(episodes, cfg, version)[0]) < cfg.rollout.batch_size
+        ):
+            position = self.tasks.state_dict()
+            drawn = self._draw()
+            extra = self.run(self.collector.collect(drawn, self._env_factory))
+            if any(ep.status is EpisodeStatus.ABORTED for ep in extra):
+                # Ctrl-C or a lost engine: the round is left out (not buffered, its tasks
+                # not drawn) and the step trains on what it has; episodes_for handles the rest.
+                self.tasks.load_state_dict(position)
+                log.warning("step %d: refill round %d aborted; not refilling", step, rounds + 1)
+                break
+            self.buffer.append(extra, step)  # fsync'd before the step trains on them
+            episodes, rounds = episodes + extra, rounds + 1
+        return episodes, rounds
+
+    def _replay_refilled(self, step: int) -> tuple[list[Episode], int]:
+        """(Resume.) A buffered step with its refill rounds: the task source draws as many
+        rounds as the step did (until every buffered task is among them), so that its
+        position is the original run's. Returns the episodes and the refill rounds."""
+        episodes = self.buffer.read_step(step)
+        wanted = {ep.task_id for ep in episodes}
+        drawn: set[str] = set()
+        rounds = -1
+        while not wanted <= drawn and rounds < self.cfg.rollout.refill_retries:
+            drawn |= {str(t["id"]) for t in self._draw()}
+            rounds += 1
+        if not wanted <= drawn:
+            raise ConfigError(
+                f"resume: buffered step {step} holds tasks the restored data position did not "
+                "draw; the task source changed since the run started (env.tasks.*)",
+                key="env.tasks",
+            )
+        return episodes, rounds
+
     def episodes_for(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
         """The episodes step ``step`` trains on, and rollout metrics."""
         if STOP.requested:
             self._stop_at(step)
+        if self.cfg.rollout.mode == "async":
+            return self._from_stream(step, version)
         position = self.tasks.state_dict()
         drawn = self._draw()
         if step in self.buffer.steps():
             return self._replay(step, drawn)
-        if self.pending is not None and self.pending_step == step:
-            episodes, retried = self._complete(step, self.pending.result(), drawn)
-        else:
-            episodes, retried = self.play(step, drawn)
-        self.pending = None
-        collect_s = self.collect_s  # before the next async batch can overwrite it
+        episodes, retried = self.play(step, drawn)
         if STOP.requested:  # Ctrl-C during the collection: its tasks were not played
             self.tasks.load_state_dict(position)
             self._stop_at(step)
-        self.sync.recover()  # engines that died: back, at the current weights, before new work
-        _check_errors(step, episodes, self.cfg.rollout.max_error_frac)
-        self.buffer.append(episodes, step)  # fsync'd before the step trains on them
-        if self.cfg.rollout.mode == "async" and step < self.cfg.steps:
-            # Step n+1's rollouts run while step n trains and syncs.
-            next_tasks = self._draw_ahead()
-            self.pending = asyncio.run_coroutine_threadsafe(self._collect(next_tasks), self.loop)
-            self.pending_step = step + 1
+        self._accept(step, episodes)
         return episodes, {
             **rollout_metrics(episodes),
             "rollout/retried": float(retried),
-            "rollout/collect_s": collect_s,
+            "rollout/collect_s": self.collect_s,
         }
+
+    def _accept(self, step: int, episodes: list[Episode]) -> None:
+        """Check the step's episodes and buffer them (fsync'd) before the step trains."""
+        self.sync.recover()  # engines that died: back, at the current weights, before new work
+        _check_errors(step, episodes, self.cfg.rollout.max_error_frac)
+        self.buffer.append(episodes, step)
+
+    def _from_stream(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+        """(rollout.mode=async.) The step's groups from the continuous stream
+        (:mod:`vime.rl.stream`), or its buffered episodes after ``resume``."""
+        r = self.cfg.rollout
+        if step in self.buffer.steps():
+            episodes = self.buffer.read_step(step)
+            # Walk the task source as the run did: the step's tasks are no longer lent.
+            reach = len(self.tasks.state_dict()["lent"]) + r.batch_size * (1 + r.refill_retries)
+            self._settle(episodes, max_draws=reach * (2 + r.max_staleness))
+            return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
+        if self.stream is None:
+            self.stream = RolloutStream(
+                self.cfg, self.collector, self.tasks, self._env_factory, self._served, step
+            )
+            self.loop.call_soon_threadsafe(self.stream.start)
+            self.taken_at = time.perf_counter()  # the stream's window opens
+        t0 = time.perf_counter()
+        groups = self.run(self.stream.take(version))
+        now = time.perf_counter()
+        # The time the stream had for this batch (since the previous step took its own):
+        # the step's sampled tokens over it is the rollout throughput (console's tok/s).
+        window_s, self.taken_at = now - self.taken_at, now
+        if STOP.requested:  # the taken tasks stay lent: the checkpoint keeps them
+            self._stop_at(step)
+        episodes = [ep for g in groups for ep in g.episodes]
+        episodes, retried = self._complete(step, episodes, [g.task for g in groups])
+        self._accept(step, episodes)
+        self._settle(episodes)
+        oldest = min((ep.min_weight_version for ep in episodes), default=version)
+        return episodes, {
+            **rollout_metrics(episodes),
+            "rollout/retried": float(retried),
+            "rollout/wait_s": now - t0,
+            "rollout/collect_s": window_s,
+            "rollout/staleness_max": float(version - oldest),
+            "rollout/groups_in_flight": float(len(self.stream.in_flight)),
+            "rollout/groups_ready": float(len(self.stream.ready)),
+        }
+
+    def _served(self) -> int:
+        return self.sync.version
+
+    def _settle(self, episodes: list[Episode], max_draws: int = 0) -> None:
+        """The step's tasks (one per group) were trained on: no longer lent."""
+        firsts = {ep.group_id: ep.task_id for ep in episodes}
+        self.tasks.settle(list(firsts.values()), max_draws=max_draws)
 
     def play(self, step: int, drawn: list[dict[str, Any]]) -> tuple[list[Episode], int]:
         """Collect ``drawn`` for ``step``, playing again what an engine lost (bounded);
@@ -303,14 +433,6 @@ class Rollouts:
             note = f"saved a checkpoint of step {last} at {folder}"
         log.warning("interrupted: %s", note)
         raise KeyboardInterrupt(f"interrupted: {note}; resume with resume={run.root}")
-
-    def _draw_ahead(self) -> list[dict[str, Any]]:
-        # The next step draws its tasks now; episodes_for(step+1) then draws again, so
-        # rewind the source to keep exactly one draw per step.
-        state = self.tasks.state_dict()
-        drawn = self._draw()
-        self.tasks.load_state_dict(state)
-        return drawn
 
     async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
         t0 = time.perf_counter()
