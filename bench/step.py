@@ -68,6 +68,8 @@ def main() -> int:
         os.sched_setaffinity(0, cores[:-1])
         print(f"engine pinned to core {cores[-1]}; collector and trainer on {cores[:-1]}")
     results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
+    totals: dict[str, list[float]] = {"sync": [], "async": []}  # whole runs, step 1 included
+    last_rewards: dict[str, list[float]] = {"sync": [], "async": []}
     try:
         for _ in range(args.rounds):
             for mode in ("sync", "async"):
@@ -76,6 +78,8 @@ def main() -> int:
                 ).metrics
                 # The first step of a run has nothing to overlap with: measure the steady state.
                 results[mode].extend(rows[1:])
+                totals[mode].append(sum(r["time/step_s"] for r in rows))
+                last_rewards[mode].append(rows[-1]["reward/mean"])
     finally:
         server.stop()
 
@@ -90,6 +94,12 @@ def main() -> int:
         )
     ratio = medians["async"]["time/step_s"] / medians["sync"]["time/step_s"]
     print(f"\nasync / sync wall time per step: {ratio:.2f}× (speed-up {1 / ratio:.2f}×)")
+    whole = statistics.median(totals["async"]) / statistics.median(totals["sync"])
+    print(f"async / sync wall time of a whole {args.steps}-step run: {whole:.2f}×")
+    for mode in ("sync", "async"):
+        print(
+            f"{mode} reward at step {args.steps} (mean of runs): {statistics.mean(last_rewards[mode]):.3f}"
+        )
     return 0
 
 
