@@ -47,9 +47,9 @@ def vime_args(words: list[str]) -> list[str] | None:
         return words[1:]
     if words[:2] == ["bash", "scripts/main.sh"]:
         return ["train", *words[2:]]
-    if "-m" in words and words[words.index("-m") + 1 : words.index("-m") + 2] == ["vime.cli"]:
-        if re.search(r"(python3?|torchrun)$", words[0]):
-            return words[words.index("-m") + 2 :]
+    module = words[words.index("-m") + 1 : words.index("-m") + 2] if "-m" in words else []
+    if module == ["vime.cli"] and re.search(r"(python3?|torchrun)$", words[0]):
+        return words[words.index("-m") + 2 :]
     return None
 
 

@@ -60,7 +60,11 @@ def _env(folder: Path) -> dict[str, str]:
     return env
 
 
-RUNNABLE_PY = [p for p in PAGES if any(b.lang == "python" and b.marker in ("", "docker") for b in _page_blocks(p))]
+RUNNABLE_PY = [
+    p
+    for p in PAGES
+    if any(b.lang == "python" and b.marker in ("", "docker") for b in _page_blocks(p))
+]
 
 
 @pytest.mark.parametrize("page", RUNNABLE_PY)
@@ -70,9 +74,7 @@ def test_python_blocks_run(page, tmp_path, request):
         request.getfixturevalue("docker_host")  # sets DOCKER_HOST for the subprocess
     folder = _scratch(page, tmp_path)
     # One interpreter per page: a later block sees an earlier block's names.
-    program = "\n".join(
-        f"exec(compile({b.code!r}, {b.where!r}, 'exec'), ns)" for b in blocks
-    )
+    program = "\n".join(f"exec(compile({b.code!r}, {b.where!r}, 'exec'), ns)" for b in blocks)
     out = subprocess.run(
         [sys.executable, "-c", "ns = {'__name__': '__main__'}\n" + program],
         cwd=folder,
@@ -92,12 +94,16 @@ def test_no_run_python_blocks_compile_and_import():
     for b in BLOCKS:
         if b.lang != "python" or b.marker != "no-run":
             continue
-        tree = compile(b.code, b.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST)
+        tree = compile(
+            b.code, b.where, "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT | ast.PyCF_ONLY_AST
+        )
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("vime"):
                 module = importlib.import_module(node.module or "")
                 for alias in node.names:
-                    assert hasattr(module, alias.name), f"{b.where}: {node.module} has no {alias.name}"
+                    assert hasattr(module, alias.name), (
+                        f"{b.where}: {node.module} has no {alias.name}"
+                    )
         checked += 1
     assert checked >= 1
 
@@ -126,10 +132,14 @@ def test_shell_blocks_run(block, tmp_path, request):
             text=True,
             timeout=120,
         )
-        assert out.returncode == 0, f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
+        assert out.returncode == 0, (
+            f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
+        )
         printed = out.stdout + out.stderr
         for line in expected.get(cmd, []):
-            assert line in printed, f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
+            assert line in printed, (
+                f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
+            )
 
 
 def test_pages_with_blocks_are_all_seen():
