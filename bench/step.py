@@ -13,6 +13,11 @@ per step (< 1 means the overlap pays).
 have their own devices: the server (and every process it starts) is launched with this
 process's affinity set to the last core, then this process (collector and trainer) keeps
 the other cores. Without it, everything shares every core, and async has nothing to overlap.
+
+``--engine-url URL`` uses an engine that already serves the run's starting model (the
+tiny model after its warm start, as ``prepare_model`` builds it) instead of launching one:
+on a GPU machine, serve it on the GPU and hide the GPU from this process
+(``CUDA_VISIBLE_DEVICES=``), and the trainer runs on the CPU cores: split devices.
 """
 
 from __future__ import annotations
@@ -38,6 +43,12 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--pin", action="store_true", help="the engine on its own core")
+    parser.add_argument(
+        "--engine-url",
+        default="",
+        help="an engine already serving this run's model (e.g. on a GPU while the trainer "
+        "runs on CPU cores: split devices); none is launched",
+    )
     parser.add_argument("overrides", nargs="*", help="train config overrides (key=value)")
     args = parser.parse_args()
 
@@ -52,6 +63,10 @@ def main() -> int:
     ]
     cfg = load_config(base)
     model_dir = prepare_model(cfg, RunDir.create(root, "model"))
+    if args.engine_url:
+        if args.pin:
+            parser.error("--pin launches the engine itself: not with --engine-url")
+        return _compare(args, base, VLLMServer.attach(args.engine_url))
     cores = sorted(os.sched_getaffinity(0))
     if args.pin:
         if len(cores) < 2:
@@ -67,21 +82,26 @@ def main() -> int:
     if args.pin:
         os.sched_setaffinity(0, cores[:-1])
         print(f"engine pinned to core {cores[-1]}; collector and trainer on {cores[:-1]}")
+    try:
+        return _compare(args, base, server)
+    finally:
+        server.stop()
+
+
+def _compare(args: argparse.Namespace, base: list[str], server: VLLMServer) -> int:
+    """Alternate sync and async runs on ``server``; print the medians and ratios."""
     results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
     totals: dict[str, list[float]] = {"sync": [], "async": []}  # whole runs, step 1 included
     last_rewards: dict[str, list[float]] = {"sync": [], "async": []}
-    try:
-        for _ in range(args.rounds):
-            for mode in ("sync", "async"):
-                rows = train(
-                    load_config([*base, f"engine.url={server.url}", f"rollout.mode={mode}"])
-                ).metrics
-                # The first step of a run has nothing to overlap with: measure the steady state.
-                results[mode].extend(rows[1:])
-                totals[mode].append(sum(r["time/step_s"] for r in rows))
-                last_rewards[mode].append(rows[-1]["reward/mean"])
-    finally:
-        server.stop()
+    for _ in range(args.rounds):
+        for mode in ("sync", "async"):
+            rows = train(
+                load_config([*base, f"engine.url={server.url}", f"rollout.mode={mode}"])
+            ).metrics
+            # The first step of a run has nothing to overlap with: measure the steady state.
+            results[mode].extend(rows[1:])
+            totals[mode].append(sum(r["time/step_s"] for r in rows))
+            last_rewards[mode].append(rows[-1]["reward/mean"])
 
     print(f"\nsteady-state medians over {args.rounds} runs × {args.steps - 1} steps per mode")
     print(f"{'mode':<6}" + "".join(f"{k.split('/')[1]:>12}" for k in KEYS) + f"{'reward':>10}")
