@@ -150,3 +150,21 @@ def test_pages_with_blocks_are_all_seen():
         groups[kind] += 1
     assert sum(groups.values()) == len(BLOCKS)
     print(dict(groups))
+
+
+@pytest.mark.parametrize(
+    "cmd",
+    [
+        "vime-agent train trainer.lrr=1",  # no such key
+        "vime-agent train rollout.mode=fast",  # no such value
+        "vime-agent eval ckpt=x suitee=math",  # not in eval's --help
+        "vime-agent trian",  # no such command
+        "python bench/collector.py --nope",  # not in the script's --help
+        "rm -rf build",  # nothing vime can check: such a block must run
+    ],
+)
+def test_the_no_run_check_rejects_what_does_not_exist(cmd):
+    from vime.errors import ConfigError
+
+    with pytest.raises((AssertionError, ConfigError)):
+        check_command(cmd)
