@@ -38,13 +38,21 @@ FILTERS = {
     "safe": lambda v: Safe(str(v)),
     "default": lambda v, arg="": arg if v in (None, "") else v,
 }
+
+
+def find_filter(name, extra=None):
+    """The filter called ``name``, looked up in ``extra`` (a render call's own) first."""
+    table = {**FILTERS, **(extra or {})}
+    if name not in table:
+        raise ValueError(f"unknown filter {name!r}")
+    return table[name]
 ''',
         "tmpl/render.py": '''\
 """Rendering ``{{ expression }}`` placeholders."""
 
 import re
 
-from tmpl.filters import FILTERS, escape
+from tmpl.filters import escape, find_filter
 
 _PLACEHOLDER = re.compile(r"{{\\s*(.*?)\\s*}}")
 
@@ -65,14 +73,13 @@ def _lookup(context, dotted):
     return value
 
 
-def _apply(value, spec):
+def _apply(value, spec, extra):
     name, _, arg = spec.strip().partition(":")
-    if name not in FILTERS:
-        raise ValueError(f"unknown filter {name!r}")
-    return FILTERS[name](value, arg.strip().strip("\\"'")) if arg else FILTERS[name](value)
+    function = find_filter(name, extra)
+    return function(value, arg.strip().strip("\\"'")) if arg else function(value)
 
 
-def _evaluate(expression, context):
+def _evaluate(expression, context, extra):
     name, *filters = expression.split("|")
     try:
         value = _lookup(context, name.strip())
@@ -81,13 +88,14 @@ def _evaluate(expression, context):
             raise
         value = None
     for spec in filters:
-        value = _apply(value, spec)
+        value = _apply(value, spec, extra)
     return escape(value)
 
 
-def render(template, context):
-    """``template`` with every ``{{ name.attr|filter }}`` replaced by its escaped value."""
-    return _PLACEHOLDER.sub(lambda m: _evaluate(m.group(1), context), template)
+def render(template, context, filters=None):
+    """``template`` with every ``{{ name.attr|filter }}`` replaced by its escaped value;
+    ``filters`` (name -> function) adds filters, or replaces built-in ones, for this call."""
+    return _PLACEHOLDER.sub(lambda m: _evaluate(m.group(1), context, filters), template)
 ''',
         "tests/test_render.py": """\
 import pytest
@@ -137,9 +145,9 @@ left to right: the result must be "Ann Lee".
                 (
                     "tmpl/render.py",
                     """    for spec in filters:
-        value = _apply(value, spec)""",
+        value = _apply(value, spec, extra)""",
                     """    if filters:
-        value = _apply(value, filters[0])""",
+        value = _apply(value, filters[0], extra)""",
                 )
             ],
             """\
@@ -191,6 +199,83 @@ def test_plain():
 """,
             fail=["test_no_double_escape", "test_quotes"],
             keep=["test_plain"],
+        ),
+        Issue(
+            "per-call-filters",
+            """\
+Allow custom filters in `render`
+
+We need project-specific filters (money formatting, say) without editing
+`tmpl/filters.py`. Please accept them per call:
+`render("{{ price|eur }}", {"price": 3}, filters={"eur": lambda v: f"{v:.2f} EUR"})`
+gives "3.00 EUR". A filter passed this way replaces a built-in filter of the same name
+for that call only; unknown filters still raise ValueError naming the filter.
+""",
+            [
+                (
+                    "tmpl/filters.py",
+                    '''def find_filter(name, extra=None):
+    """The filter called ``name``, looked up in ``extra`` (a render call's own) first."""
+    table = {**FILTERS, **(extra or {})}
+    if name not in table:
+        raise ValueError(f"unknown filter {name!r}")
+    return table[name]''',
+                    '''def find_filter(name):
+    """The filter called ``name``."""
+    if name not in FILTERS:
+        raise ValueError(f"unknown filter {name!r}")
+    return FILTERS[name]''',
+                ),
+                ("tmpl/render.py", "def _apply(value, spec, extra):", "def _apply(value, spec):"),
+                (
+                    "tmpl/render.py",
+                    "function = find_filter(name, extra)",
+                    "function = find_filter(name)",
+                ),
+                (
+                    "tmpl/render.py",
+                    "def _evaluate(expression, context, extra):",
+                    "def _evaluate(expression, context):",
+                ),
+                (
+                    "tmpl/render.py",
+                    "value = _apply(value, spec, extra)",
+                    "value = _apply(value, spec)",
+                ),
+                (
+                    "tmpl/render.py",
+                    '''def render(template, context, filters=None):
+    """``template`` with every ``{{ name.attr|filter }}`` replaced by its escaped value;
+    ``filters`` (name -> function) adds filters, or replaces built-in ones, for this call."""
+    return _PLACEHOLDER.sub(lambda m: _evaluate(m.group(1), context, filters), template)''',
+                    '''def render(template, context):
+    """``template`` with every ``{{ name.attr|filter }}`` replaced by its escaped value."""
+    return _PLACEHOLDER.sub(lambda m: _evaluate(m.group(1), context), template)''',
+                ),
+            ],
+            """\
+import pytest
+
+from tmpl import render
+
+
+def test_custom_filter():
+    eur = {"eur": lambda v: f"{v:.2f} EUR"}
+    assert render("{{ price|eur }}", {"price": 3}, filters=eur) == "3.00 EUR"
+
+
+def test_override_for_one_call():
+    shout = {"upper": lambda v: str(v).upper() + "!"}
+    assert render("{{ x|upper }}", {"x": "hi"}, filters=shout) == "HI!"
+    assert render("{{ x|upper }}", {"x": "hi"}) == "HI"
+
+
+def test_unknown_filter():
+    with pytest.raises(ValueError, match="nope"):
+        render("{{ x|nope }}", {"x": 1})
+""",
+            fail=["test_custom_filter", "test_override_for_one_call"],
+            keep=["test_unknown_filter"],
         ),
         Issue(
             "attributes-and-default",

@@ -149,11 +149,11 @@ TASKS = REPO.tasks(
         Issue(
             "temperature-offsets",
             """\
-Temperature conversions ignore the offset
+Temperature conversions are wrong
 
-`convert(100, "C", "F")` returns 180.0 and `convert(0, "C", "K")` returns 0.0. Celsius,
-Fahrenheit and kelvin scales do not share a zero: 100 °C is 212 °F, 0 °C is 273.15 K
-and -40 °C is -40 °F.
+`convert(100, "C", "F")` returns 55.55… and `convert(0, "C", "K")` returns 0.0. Celsius,
+Fahrenheit and kelvin scales do not share a zero (100 °C is 212 °F, 0 °C is 273.15 K,
+-40 °C is -40 °F) and a Fahrenheit degree is 5/9 of a kelvin.
 """,
             [
                 (
@@ -161,6 +161,11 @@ and -40 °C is -40 °F.
                     """    base = value * factor_a + offset_a
     return (base - offset_b) / factor_b""",
                     """    return value * factor_a / factor_b""",
+                ),
+                (
+                    "units/registry.py",
+                    '"F": ("temperature", 5 / 9, 273.15 - 32 * 5 / 9),',
+                    '"F": ("temperature", 9 / 5, 273.15 - 32 * 5 / 9),',
                 ),
                 (
                     "units/convert.py",
