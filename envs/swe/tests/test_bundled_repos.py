@@ -2,9 +2,10 @@
 bundled task checked in a real sandbox (the bug is real, the reference fix fixes it and
 keeps the repository's own tests passing).
 
-The sandbox check is batched: one pooled sandbox per runner kind, every task graded in
-it twice (no diff, then the reference fix as a git diff) through the grader's own
-:func:`run_hidden_tests`, each task in its own folder.
+The sandbox check is batched to stay cheap: one sandbox, one upload, one script, one log.
+Every task, in its own folder, is graded twice (as given, then with the reference fix
+applied as a git diff) by the grader's own command line for its runner, and the log is
+read by the grader's own result parser.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def test_at_least_50_tasks_over_8_repositories_with_both_runners():
         assert len(own) >= 3, f"{task['id']}: the repository's own tests must be graded too"
 
 
-def test_training_never_draws_a_held_back_task(tmp_path):
+def test_training_never_draws_a_held_back_task():
     assert HELD_BACK and not _ids(TRAIN) & _ids(HELD_BACK)
     assert _ids(TRAIN) | _ids(HELD_BACK) == _ids(ALL)
     # The swe preset: training draws the train split, its eval the held-back split.
