@@ -6,7 +6,7 @@ REPO = Repo(
     "datekit",
     {
         "README.md": "# datekit\n\nSmall date helpers: `add_months`, `parse_date`, "
-        "`add_business_days`, `humanize`.\n",
+        "`add_business_days`, `is_business_day`, `humanize`.\n",
         "datekit/__init__.py": """\
 from datekit.business import add_business_days, is_business_day
 from datekit.calendar import add_months, days_in_month, is_leap
@@ -381,7 +381,7 @@ class IssueTest(unittest.TestCase):
         Issue(
             "humanize-singular-units",
             """\
-`humanize` says "1 days" and drops the rounding unit
+`humanize` says "1 days" and "1 hours"
 
 `humanize(86400)` returns "1 days" (should be "1 day") and `humanize(3600)` returns
 "1 hours". A count of one takes the singular unit name.

@@ -149,7 +149,7 @@ TASKS = REPO.tasks(
         Issue(
             "fifo-ties-and-unorderable-items",
             """\
-Equal priorities pop in a random-looking order, and dict items crash
+Equal priorities pop in a random-looking order, and some items crash
 
 Items pushed with the same priority should come out first-in first-out, but
 `push("z", 1); push("a", 1)` pops "a" first. And pushing two objects of a plain class
@@ -208,8 +208,8 @@ def test_priorities_first():
 
 After `q.push("a", 5); q.update("a", 1)`, popping gives ("a", 1) and then ("a", 5)
 again, and `len(q)` says 1 while two pops succeed. Updating or removing an item must
-leave exactly one live entry; `shortest_path` relies on this and returns wrong costs on
-graphs where a node's distance improves.
+leave exactly one live entry: a removed item never comes out, an updated one comes out
+once, with its new priority.
 """,
             [
                 (
