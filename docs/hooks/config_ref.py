@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import html
 import inspect
 import io
 import re
@@ -101,8 +102,20 @@ def _describe(cls: type, name: str) -> str:
         or _docstring_entries(cls).get(name)
         or _docstring_sentences(cls, name)
     )
-    text = re.sub(r":(?:class|mod|func|meth):`~?([^`]+)`", r"`\1`", text)
-    return text.replace("``", "`").replace("|", "\\|")
+    text = re.sub(r":(?:class|mod|func|meth):`~?([^`]+)`", r"`\1`", text).replace("``", "`")
+    # A table cell ends at "|", and Markdown keeps "\|" as typed inside code spans.
+    text = re.sub(r"`([^`]*\|[^`]*)`", lambda m: code_cell(m.group(1)), text)
+    return text.replace("|", "&#124;")
+
+
+def code_cell(text: str) -> str:
+    """Inline code for a Markdown table cell: HTML, so that a ``|`` in it stays text.
+
+    Example:
+        >>> code_cell("int | None")
+        '<code>int &#124; None</code>'
+    """
+    return f"<code>{html.escape(text, quote=False).replace('|', '&#124;')}</code>"
 
 
 def field_rows(cls: type, prefix: str, value: Any) -> list[tuple[str, str, str, str]]:
@@ -146,9 +159,7 @@ def render() -> str:
             continue
         out += ["| key | type | default | description |", "|---|---|---|---|"]
         for key, typ, default, text in rows:
-            default = default.replace("|", "\\|")
-            typ = typ.replace("|", "\\|")
-            out.append(f"| `{key}` | `{typ}` | `{default}` | {text or '-'} |")
+            out.append(f"| `{key}` | {code_cell(typ)} | {code_cell(default)} | {text or '-'} |")
         out.append("")
     out.append(END)
     return "\n".join(out) + "\n"

@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run)\s*(?P<arg>.*?)\s*-->")
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
-SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$', re.M)
+SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
 KNOWN = ("python", "bash", "console", "text", "mermaid")
 
 
@@ -57,8 +57,33 @@ class Block:
 
 
 def expand_snippets(text: str) -> str:
-    """The page with each ``--8<-- "path"`` line replaced by that file (path from the root)."""
-    return SNIPPET.sub(lambda m: (ROOT / m.group("path")).read_text(), text)
+    """The page with each ``--8<-- "path"`` line replaced by that file (path from the root).
+
+    A marker on the line before the include applies to every unmarked block of the file
+    (a file that is not a docs page, e.g. bench/RESULTS.md, is not edited for the docs).
+    """
+    lines = text.splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        m = SNIPPET.match(line)
+        if not m:
+            out.append(line)
+            continue
+        included = (ROOT / m.group("path")).read_text().splitlines()
+        kind, arg = _marker_before(lines, i)
+        marker = f"<!-- docs-test: {kind} {arg} -->" if kind else ""
+        for j, inner in enumerate(included):
+            opens = FENCE.match(inner) and _opens(included, j)
+            if marker and opens and not _marker_before(included, j)[0]:
+                out.append(marker)
+            out.append(inner)
+    return "\n".join(out) + "\n"
+
+
+def _opens(lines: list[str], index: int) -> bool:
+    """Whether the fence at ``index`` opens a block (an odd count of fences up to it)."""
+    fences = [i for i, ln in enumerate(lines[: index + 1]) if FENCE.match(ln)]
+    return len(fences) % 2 == 1
 
 
 def blocks_of(text: str, page: str = "<text>") -> list[Block]:

@@ -50,7 +50,7 @@ def test_a_changed_default_makes_the_page_stale():
     ref = _hook("config_ref")
     page = ref.PAGE.read_text()
     assert ref.page_with(ref.render(), page) == page
-    assert ref.page_with(ref.render().replace("`40`", "`41`"), page) != page
+    assert ref.page_with(ref.render().replace("<code>40</code>", "<code>41</code>"), page) != page
 
 
 def test_examples_hold():

@@ -19,7 +19,7 @@ import pytest
 from tests.docs.blocks import ROOT
 
 MKDOCS = Path(sys.executable).parent / "mkdocs"
-WIDTH, HEIGHT = 1280, 2200
+WIDTH, HEIGHT = 1280, 3000
 HEADER = (64, 81, 181)  # the material theme's default (indigo) header bar
 CURVE = (31, 119, 180)  # matplotlib's first line colour: the curves of img/reward.png
 
