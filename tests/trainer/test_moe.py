@@ -88,9 +88,10 @@ def test_moe_config_errors_name_the_field():
                 "(1 + weight)",
             ],
         ),
+        (tf.Gemma3Config(), ["model_type=gemma3_text", "post_feedforward_layernorm"]),
         (tf.GemmaConfig(), ["sqrt(hidden_size)", "(1 + weight)"]),
     ],
-    ids=["gemma2", "gemma3", "gemma"],
+    ids=["gemma2", "gemma3", "gemma3-multimodal", "gemma"],
 )
 def test_gemma_is_refused_naming_what_megatron_core_lacks(config, fields):
     with pytest.raises(UnsupportedArchitectureError) as err:

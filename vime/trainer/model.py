@@ -184,9 +184,10 @@ def _gemma_gaps(cfg: Any) -> list[str]:
 
 def _refuse_gemma(cfg: Any) -> None:
     """Raise naming every Gemma field the Megatron model would not reproduce."""
+    text = getattr(cfg, "text_config", None) or cfg  # Gemma 3's multimodal config wraps it
     raise UnsupportedArchitectureError(
         f"model_type={cfg.model_type!r} (Gemma) is not supported: "
-        + "; ".join(_gemma_gaps(cfg))
+        + "; ".join(_gemma_gaps(text))
         + f". Supported model types: {', '.join(SUPPORTED_FAMILIES)} (docs/models.md)"
     )
 
