@@ -167,3 +167,9 @@ def test_the_no_run_check_rejects_what_does_not_exist(cmd):
 
     with pytest.raises((AssertionError, ConfigError)):
         check_command(cmd)
+
+
+def test_the_own_agent_page_shows_the_example_file():
+    """docs/own_agent.md's agent is examples/own_agent.py, which tests/agents run for real."""
+    (agent, *_) = [b for b in BLOCKS if b.page == "docs/own_agent.md" and b.lang == "python"]
+    assert agent.code == (ROOT / "examples" / "own_agent.py").read_text()
