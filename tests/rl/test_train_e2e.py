@@ -132,7 +132,15 @@ ENV_ARGS = {
 @pytest.mark.parametrize("env", ["tools", "swe"])
 def test_agent_envs_train(shared_engine, docker_host, tmp_path, env):
     from vime.sandbox.leases import close_pools
+    from vime.suites.swe.tasks import load_bundled
 
+    tasks = []
+    if env == "swe":  # the one-module tasks: their prompts fit the shared 1024-token server
+        small = tmp_path / "small_swe_tasks.jsonl"
+        small.write_text(
+            "".join(json.dumps(t) + "\n" for t in load_bundled() if "bundled_repo" not in t)
+        )
+        tasks.append(f"env.tasks.path={small}")
     cfg = load_config(
         _overrides(
             tmp_path,
@@ -142,6 +150,7 @@ def test_agent_envs_train(shared_engine, docker_host, tmp_path, env):
             "rollout.batch_size=2",
             "rollout.collector.n_samples=2",
             *ENV_ARGS[env],
+            *tasks,
             f"+rollout.collector.sampling.extra_body.structured_outputs.regex='{AGENT_CALLS[env]}'",
         )
     )
