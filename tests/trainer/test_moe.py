@@ -100,7 +100,6 @@ def test_gemma_is_refused_naming_what_megatron_core_lacks(config, fields):
         assert field in str(err.value), field
 
 
-@pytest.mark.slow
 def test_moe_checkpoint_resumes_and_exports_the_trained_weights(dist1, tmp_path):
     """A trained MoE step saved as a Megatron checkpoint and loaded by a fresh trainer (what
     ``vime-agent export RUN`` does) exports the same HF tensors as the trainer that trained."""
