@@ -196,3 +196,43 @@ def test_every_bundled_task_in_a_real_sandbox(docker_host, tmp_path):
     assert log.count("VIME_BATCH ") == 2 * len(tasks) >= 100, result.stderr[-2000:]
     problems = _problems(tasks, log)
     assert not problems, "\n".join(problems)
+
+
+@pytest.mark.docker
+def test_an_agent_fixes_a_two_file_pytest_task_through_the_env(docker_host):
+    """A scripted agent on router-url-for: runs the repository's pytest suite in its
+    sandbox, applies the reference fix in two files, submits; the grader resolves it."""
+    import uuid
+
+    import docker
+
+    import vime
+    from vime.sandbox import SandboxConfig
+    from vime.sandbox.leases import close_pools
+    from vime.types import Action, ToolCall
+
+    task = next(t for t in ALL if t["id"] == "router-url-for")
+    tag = uuid.uuid4().hex[:12]
+    sandbox = SandboxConfig(
+        memory="512m", env={"HOME": "/tmp"}, labels={"vime.env": "swe", "vime.test": tag}
+    )
+    env = vime.make("vime/SWE-v0", sandbox=sandbox)
+    try:
+        env.reset(seed=0, options={"task": task})
+        suite = ToolCall("bash", {"command": "python3 -m pytest -q -p no:cacheprovider tests"})
+        observation = env.step(Action(text="", tool_calls=[suite]))[0]
+        own = [i for i in task["pass_to_pass"] if "test_issue_" not in i]
+        assert f"{len(own)} passed" in observation[0]["content"], observation  # its own suite
+        fix = [
+            ToolCall("str_replace", {"path": p, "old_str": old, "new_str": new})
+            for p, old, new in task["solution"]
+        ]
+        env.step(Action(text="", tool_calls=fix))
+        submit = Action(text="", tool_calls=[ToolCall("submit", {})])
+        _, reward, terminated, _, info = env.step(submit)
+    finally:
+        env.close()
+        close_pools()
+    assert (reward, terminated) == (1.0, True), info.get("reason")
+    assert set(info["tests"]) == set(task["fail_to_pass"] + task["pass_to_pass"])
+    assert docker.from_env().containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
