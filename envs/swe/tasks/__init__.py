@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import importlib
 import pkgutil
 from dataclasses import asdict, dataclass, field
@@ -185,7 +186,11 @@ def load_bundled(split: str = "train") -> list[dict[str, Any]]:
     # One-task modules (ID, FILES, ...) first, then packages of shared repos (TASKS).
     for info in sorted(pkgutil.iter_modules(data.__path__), key=lambda m: (m.ispkg, m.name)):
         module = importlib.import_module(f"{data.__name__}.{info.name}")
-        records.extend(module.TASKS if hasattr(module, "TASKS") else [_module_record(module)])
+        if hasattr(module, "TASKS"):
+            # Copies: a caller editing its records must not change the next caller's.
+            records.extend(copy.deepcopy(module.TASKS))
+        else:
+            records.append(_module_record(module))
     ids = [r["id"] for r in records]
     dupes = {i for i in ids if ids.count(i) > 1}
     if dupes:
