@@ -17,6 +17,7 @@ an optional marker comment on the line before it:
   must name a real subcommand; ``train``'s ``key=value`` overrides must load with
   ``load_config``; the other subcommands' keys and ``--flags`` must appear in their
   ``--help``; ``python bench/X.py --flags`` must name flags of that script's ``--help``.
+- ``yaml``: parsed (a config file shown on a page must be valid YAML).
 - ``text``: not code (diagrams, file trees, output). A block with no info string is an
   error: say ``text`` if it is not code.
 
@@ -37,7 +38,7 @@ DOCS = ROOT / "docs"
 MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run)\s*(?P<arg>.*?)\s*-->")
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
-KNOWN = ("python", "bash", "console", "text", "mermaid")
+KNOWN = ("python", "bash", "console", "yaml", "text", "mermaid")
 
 
 @dataclass
@@ -73,8 +74,13 @@ def expand_snippets(text: str) -> str:
         kind, arg = _marker_before(lines, i)
         marker = f"<!-- docs-test: {kind} {arg} -->" if kind else ""
         for j, inner in enumerate(included):
-            opens = FENCE.match(inner) and _opens(included, j)
-            if marker and opens and not _marker_before(included, j)[0]:
+            fence = FENCE.match(inner)
+            code = fence and fence.group("info").strip().split(" ")[0] in (
+                "python",
+                "bash",
+                "console",
+            )
+            if marker and code and _opens(included, j) and not _marker_before(included, j)[0]:
                 out.append(marker)
             out.append(inner)
     return "\n".join(out) + "\n"

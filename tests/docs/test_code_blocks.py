@@ -35,7 +35,7 @@ def test_every_block_has_one_treatment():
             problems.append(f"{b.where}: no-run needs a reason")
         if b.marker == "file" and (b.lang != "python" or not b.arg.endswith(".py")):
             problems.append(f"{b.where}: 'file' marks a python block with a NAME.py")
-        if b.marker and b.lang in ("text", "mermaid"):
+        if b.marker and b.lang in ("text", "mermaid", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
     assert not problems, "\n".join(problems)
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
@@ -173,3 +173,12 @@ def test_the_own_agent_page_shows_the_example_file():
     """docs/own_agent.md's agent is examples/own_agent.py, which tests/agents run for real."""
     (agent, *_) = [b for b in BLOCKS if b.page == "docs/own_agent.md" and b.lang == "python"]
     assert agent.code == (ROOT / "examples" / "own_agent.py").read_text()
+
+
+def test_yaml_blocks_parse():
+    import yaml
+
+    found = [b for b in BLOCKS if b.lang == "yaml"]
+    for b in found:
+        assert yaml.safe_load(b.code) is not None, f"{b.where}: empty YAML"
+    assert found

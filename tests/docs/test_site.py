@@ -55,7 +55,7 @@ def test_every_page_of_the_nav_is_built(site):
         return [p for value in node.values() for p in pages(value)]
 
     listed = pages(nav)
-    on_disk = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").glob("*.md"))
+    on_disk = sorted(str(p.relative_to(ROOT / "docs")) for p in (ROOT / "docs").rglob("*.md"))
     assert sorted(listed) == on_disk, "a page under docs/ is missing from mkdocs.yml's nav"
     for page in listed:
         html = site / ("index.html" if page == "index.md" else f"{page[:-3]}/index.html")
