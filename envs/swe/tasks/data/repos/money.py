@@ -235,6 +235,40 @@ class IssueTest(unittest.TestCase):
             keep=["IssueTest.test_same_currency"],
         ),
         Issue(
+            "negative-amounts-format",
+            """\
+Negative amounts are formatted as "€-5.00"
+
+`format_money(Money("-5"))` returns "€-5.00" and `format_money(Money("-1234.5", "USD"))`
+returns "$-1,234.50". The minus sign belongs before the currency symbol: "-€5.00",
+"-$1,234.50".
+""",
+            [
+                (
+                    "money/fmt.py",
+                    '''    sign = "-" if money.amount < 0 else ""
+    return f"{sign}{symbol}{abs(money.amount):,.{digits}f}"''',
+                    '''    return f"{symbol}{money.amount:,.{digits}f}"''',
+                )
+            ],
+            """\
+import unittest
+
+from money import Money, format_money
+
+
+class IssueTest(unittest.TestCase):
+    def test_negative(self):
+        self.assertEqual(format_money(Money("-5")), "-€5.00")
+        self.assertEqual(format_money(Money("-1234.5", "USD")), "-$1,234.50")
+
+    def test_positive(self):
+        self.assertEqual(format_money(Money("1234567.891", "GBP")), "£1,234,567.89")
+""",
+            fail=["IssueTest.test_negative"],
+            keep=["IssueTest.test_positive"],
+        ),
+        Issue(
             "zero-and-three-digit-currencies",
             """\
 Yen amounts get two decimals

@@ -5,7 +5,7 @@ from ._kit import Issue, Repo
 REPO = Repo(
     "pqueue",
     {
-        "README.md": "# pqueue\n\n`PriorityQueue` (push, pop, update, remove), `shortest_path`, "
+        "README.md": "# pqueue\n\n`PriorityQueue` (push, pop, peek, update, remove, `in`), `shortest_path`, "
         "`topological_order`.\n",
         "pqueue/__init__.py": """\
 from pqueue.graph import CycleError, shortest_path, topological_order
@@ -38,6 +38,18 @@ class PriorityQueue:
         heapq.heappush(self._heap, entry)
 
     update = push
+
+    def __contains__(self, item):
+        return item in self._entries
+
+    def peek(self):
+        """The ``(item, priority)`` that ``pop`` would return, left in the queue."""
+        while self._heap and not self._heap[0][3]:
+            heapq.heappop(self._heap)  # a removed or updated entry: drop it now
+        if not self._heap:
+            raise KeyError("peek into an empty priority queue")
+        priority, _, item, _ = self._heap[0]
+        return item, priority
 
     def remove(self, item):
         entry = self._entries.pop(item)
@@ -260,6 +272,85 @@ def test_plain_pop():
 """,
             fail=["test_update_once", "test_remove"],
             keep=["test_plain_pop"],
+        ),
+        Issue(
+            "peek-and-contains",
+            """\
+Add `peek()` and `in` to PriorityQueue
+
+Schedulers built on `PriorityQueue` need to look at the next item without taking it,
+and to ask whether an item is queued. Please add `q.peek()`, returning the same
+`(item, priority)` as `pop()` would but leaving it queued (KeyError when empty, items
+removed or re-prioritised never show up), and support `item in q`.
+""",
+            [
+                (
+                    "pqueue/queue.py",
+                    '''    update = push
+
+    def __contains__(self, item):
+        return item in self._entries
+
+    def peek(self):
+        """The ``(item, priority)`` that ``pop`` would return, left in the queue."""
+        while self._heap and not self._heap[0][3]:
+            heapq.heappop(self._heap)  # a removed or updated entry: drop it now
+        if not self._heap:
+            raise KeyError("peek into an empty priority queue")
+        priority, _, item, _ = self._heap[0]
+        return item, priority
+''',
+                    """    update = push
+""",
+                )
+            ],
+            """\
+import pytest
+
+from pqueue import PriorityQueue
+
+
+def test_peek_leaves_the_item():
+    q = PriorityQueue()
+    q.push("b", 2)
+    q.push("a", 1)
+    assert q.peek() == ("a", 1)
+    assert len(q) == 2 and q.pop() == ("a", 1) and q.peek() == ("b", 2)
+
+
+def test_peek_skips_removed_and_updated():
+    q = PriorityQueue()
+    for item, p in [("a", 1), ("b", 2), ("c", 3)]:
+        q.push(item, p)
+    q.remove("a")
+    q.update("b", 9)
+    assert q.peek() == ("c", 3)
+    q.pop()
+    q.pop()
+    with pytest.raises(KeyError):
+        q.peek()
+
+
+def test_contains():
+    q = PriorityQueue()
+    q.push("a", 1)
+    assert "a" in q and "z" not in q
+    q.pop()
+    assert "a" not in q
+
+
+def test_pop_order():
+    q = PriorityQueue()
+    q.push("y", 2)
+    q.push("x", 1)
+    assert [q.pop()[0], q.pop()[0]] == ["x", "y"]
+""",
+            fail=[
+                "test_peek_leaves_the_item",
+                "test_peek_skips_removed_and_updated",
+                "test_contains",
+            ],
+            keep=["test_pop_order"],
         ),
         Issue(
             "unreachable-and-cycles",
