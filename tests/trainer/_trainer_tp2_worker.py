@@ -142,7 +142,38 @@ def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str
                 found[f"{family}_train"] = "trained"
             except UnsupportedArchitectureError as e:
                 found[f"{family}_train"] = str(e)
+    for family, folder in checkpoints.items():  # expert parallel 2 (TP=1): MoE only
+        if "moe" in family:
+            _expert_parallel_2(rank, family, folder, out)
     if rank == 0:
         (out / "found.json").write_text(json.dumps(found))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def _expert_parallel_2(rank: int, family: str, folder: str, out: Path) -> None:
+    """At expert parallel 2 each rank holds half the experts: rank 0 saves the logits as
+    ``logits_<family>_ep2.pt``; the export goes to ``export_<family>_ep2``."""
+    import transformers as tf
+    from megatron.core import parallel_state as ps
+
+    from vime.trainer.hf import export_hf, load_hf_weights
+    from vime.trainer.model import build_gpt_model
+
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(1, 1, expert_model_parallel_size=2)
+    cfg = tf.AutoConfig.from_pretrained(folder)
+    model = build_gpt_model(cfg)
+    local = [n for n, _ in model.named_parameters() if "local_experts" in n and ".0.mlp." in n]
+    assert len(local) == 2 * cfg.num_experts // 2, local  # fc1 and fc2 of half the experts
+    load_hf_weights(model, folder)
+    model.eval()
+    ids = torch.randint(0, cfg.vocab_size, (2, 40), generator=torch.Generator().manual_seed(5))
+    s = ids.shape[1]
+    mask = torch.triu(torch.ones(s, s, dtype=torch.bool), 1)[None, None]
+    pos = torch.arange(s)[None].expand_as(ids)
+    with torch.no_grad():
+        logits = model(ids, pos, mask)[..., : cfg.vocab_size]
+    export_hf(model, out / f"export_{family}_ep2", like=folder)
+    if rank == 0:
+        torch.save({"ids": ids, "logits": logits}, out / f"logits_{family}_ep2.pt")

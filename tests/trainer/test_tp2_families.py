@@ -1,5 +1,6 @@
-"""A model larger than one rank: Qwen3-MoE and Llama 3.x at tensor-parallel 2 (two gloo
-processes on a CPU) give the TP=1 logits and export the same HF tensors as TP=1."""
+"""A model larger than one rank: Qwen3-MoE and Llama 3.x at tensor-parallel 2, and
+Qwen3-MoE at expert-parallel 2 (two gloo processes on a CPU), give the TP=1 logits and
+export the same HF tensors as TP=1."""
 
 from __future__ import annotations
 
@@ -39,19 +40,21 @@ def test_moe_and_dense_at_tp2_match_tp1(dist1, tmp_path, f32_tol):
     mp.spawn(_entry, args=(free_port(), checkpoints, str(out)), nprocs=WORLD, join=True)
     found = json.loads((out / "found.json").read_text())
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for family, folder in checkpoints.items():
-        saved = torch.load(out / f"logits_{family}.pt")
+    runs = [(f, f) for f in FAMILIES] + [("qwen3-moe_ep2", "qwen3-moe")]  # EP=2, TP=1
+    for run, family in runs:
+        folder = checkpoints[family]
+        saved = torch.load(out / f"logits_{run}.pt")
         model = build_gpt_model(tf.AutoConfig.from_pretrained(folder))
         load_hf_weights(model, folder)
         model.to(device)
         tp1 = megatron_logits(model, saved["ids"].to(device)).cpu()
         diff = (tp1 - saved["logits"]).abs().max().item()
-        print(f"{family}: max |TP=2 − TP=1| logits = {diff:.2e}")
-        assert diff < f32_tol.logits, (family, diff)
-        a = read_hf_state(export_hf(model, tmp_path / f"tp1_{family}", like=folder))
-        b = read_hf_state(out / f"export_{family}")
-        assert sorted(a) == sorted(b), family
-        assert all(torch.equal(a[k], b[k]) for k in a), family  # bit for bit
+        print(f"{run}: max |parallel − TP=1| logits = {diff:.2e}")
+        assert diff < f32_tol.logits, (run, diff)
+        a = read_hf_state(export_hf(model, tmp_path / f"tp1_{run}", like=folder))
+        b = read_hf_state(out / f"export_{run}")
+        assert sorted(a) == sorted(b), run
+        assert all(torch.equal(a[k], b[k]) for k in a), run  # bit for bit
     # The MoE trainer's log-probs at TP=2 are TP=1's; training it at TP=2 is refused
     # with the fix (megatron-core's MoE needs sequence parallelism there).
     samples = random_samples(4, 250, seed=3)

@@ -72,9 +72,10 @@ def _param_maps(model: Any) -> list[_Map]:
         maps.append(
             _Map("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "vocab")
         )
+    experts = _local_experts(spec)
     for local, layer in enumerate(model.decoder.layers):
         i = layer.layer_number - 1  # global, 0-based (layer_number is global and 1-based)
-        maps += _layer_maps(f"decoder.layers.{local}.", i, spec)
+        maps += _layer_maps(f"decoder.layers.{local}.", i, spec, experts)
     if model.post_process:
         maps.append(_Map("decoder.final_layernorm.weight", ("model.norm.weight",), "replicated"))
         if not (spec.tied_embeddings and model.pre_process):
@@ -85,8 +86,20 @@ def _param_maps(model: Any) -> list[_Map]:
     return maps
 
 
-def _layer_maps(m: str, i: int, spec: ModelSpec) -> list[_Map]:
-    """The maps of decoder layer ``i`` (global), whose Megatron prefix on this stage is ``m``."""
+def _local_experts(spec: ModelSpec) -> range:
+    """The HF indices of the experts this rank holds (all of them without expert parallelism;
+    with EP ranks, ``num_experts / ep`` consecutive ones each, as megatron-core places them)."""
+    from megatron.core import parallel_state as ps
+
+    ep = ps.get_expert_model_parallel_world_size()
+    per_rank = spec.num_experts // ep
+    first = ps.get_expert_model_parallel_rank() * per_rank
+    return range(first, first + per_rank)
+
+
+def _layer_maps(m: str, i: int, spec: ModelSpec, experts: range) -> list[_Map]:
+    """The maps of decoder layer ``i`` (global), whose Megatron prefix on this stage is ``m``;
+    ``experts``: the HF indices of this rank's local experts."""
     h = f"model.layers.{i}."
     att = h + "self_attn."
     maps = [
@@ -115,12 +128,12 @@ def _layer_maps(m: str, i: int, spec: ModelSpec) -> list[_Map]:
             )
     if not spec.is_moe_layer(i):
         return maps + _mlp_maps(m + "mlp.", h + "mlp.", expert=False)
-    # Qwen3-MoE's sparse block: the router, then one gated MLP per expert (all of them on
-    # every rank: no expert parallelism, each expert split over TP like a dense MLP).
+    # Qwen3-MoE's sparse block: the router, then one gated MLP per local expert (each split
+    # over the expert-TP group like a dense MLP).
     maps.append(_Map(m + "mlp.router.weight", (h + "mlp.gate.weight",), "replicated"))
-    for e in range(spec.num_experts):
+    for j, e in enumerate(experts):
         maps += _mlp_maps(
-            m + f"mlp.experts.local_experts.{e}.", h + f"mlp.experts.{e}.", expert=True
+            m + f"mlp.experts.local_experts.{j}.", h + f"mlp.experts.{e}.", expert=True
         )
     return maps
 
@@ -292,7 +305,7 @@ def _gather_tp(t: torch.Tensor, *, expert: bool = False) -> list[torch.Tensor]:
 def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
     """The full HF state dict of the model, on global rank 0 (``None`` elsewhere).
 
-    Every rank must call it (it gathers over TP and PP).
+    Every rank must call it (it gathers over TP, expert parallel and PP).
 
     Example (skipped as a doctest: a collective over a Megatron model's process groups):
         >>> sd = hf_state_dict(model)  # doctest: +SKIP
@@ -309,6 +322,11 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
             continue  # the last stage's copy of the tied embedding is not an HF tensor
         for name, t in zip(m.hf, local_to_hf(m.kind, shards, spec), strict=True):
             stage[name] = t.cpu().contiguous()
+    if ps.get_expert_model_parallel_world_size() > 1:
+        # Each EP rank holds other experts: every rank of the group gets all of them.
+        parts: list[Any] = [None] * ps.get_expert_model_parallel_world_size()
+        dist.all_gather_object(parts, stage, group=ps.get_expert_model_parallel_group())
+        stage = {name: t for part in parts for name, t in part.items()}
     if ps.get_pipeline_model_parallel_world_size() == 1:
         return stage if dist.get_rank() == 0 else None
     group = ps.get_pipeline_model_parallel_group()

@@ -291,10 +291,12 @@ def megatron_config_from_hf(
     *,
     tp: int = 1,
     pp: int = 1,
+    ep: int = 1,
     dtype: torch.dtype = torch.float32,
     recompute: str = "none",
 ) -> Any:
-    """A Megatron ``TransformerConfig`` equivalent to HF config ``cfg``.
+    """A Megatron ``TransformerConfig`` equivalent to HF config ``cfg`` (``ep``: the expert
+    parallel size of an MoE model).
 
     Dropout is 0 and every fused kernel is off: the model must reproduce HF (and vLLM)
     numerics, and the fused paths need CUDA extensions. ``recompute`` is one of
@@ -319,6 +321,10 @@ def megatron_config_from_hf(
         raise UnsupportedArchitectureError(
             f"num_key_value_heads={spec.num_kv_heads} is not divisible by placement.tp={tp}; "
             "choose a tp that divides it"
+        )
+    if ep > 1 and (not spec.num_experts or spec.num_experts % ep):
+        raise UnsupportedArchitectureError(
+            f"expert parallel size {ep} must divide num_experts={spec.num_experts}"
         )
     return TransformerConfig(
         num_layers=spec.num_layers,
@@ -345,6 +351,7 @@ def megatron_config_from_hf(
         gradient_accumulation_fusion=False,
         tensor_model_parallel_size=tp,
         pipeline_model_parallel_size=pp,
+        expert_model_parallel_size=ep,
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,
@@ -474,7 +481,8 @@ def build_gpt_model(
     spec = model_spec_from_hf(cfg)
     tp = ps.get_tensor_model_parallel_world_size()
     pp = ps.get_pipeline_model_parallel_world_size()
-    config = megatron_config_from_hf(spec, tp=tp, pp=pp, dtype=dtype, recompute=recompute)
+    ep = ps.get_expert_model_parallel_world_size()
+    config = megatron_config_from_hf(spec, tp=tp, pp=pp, ep=ep, dtype=dtype, recompute=recompute)
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_BACKENDS}")
     layer_spec = _layer_spec(config, spec, attention)
