@@ -30,7 +30,7 @@ def test_defaults_are_the_embedded_math_run():
                 and c.rollout.collector.max_turns is None
             ),
         ),
-        (["env=tools"], lambda c: c.env.kwargs == {"max_turns": 4}),
+        (["env=tools"], lambda c: c.env.kwargs == {"max_turns": 4, "tools": ["calculator"]}),
         (["env=math"], lambda c: c.env.kwargs == {} and c.rollout.collector.max_turns is None),
         (["trainer=gspo"], lambda c: c.trainer.loss.policy_loss == "gspo"),
         (

@@ -193,8 +193,8 @@ class TrainConfig:
     defaults: list[Any] = field(
         default_factory=lambda: [
             "_self_",
-            {"env": "math"},
             {"model": "tiny"},
+            {"env": "math"},  # after model: an env preset may size the tiny model's warm start
             {"trainer": "grpo"},
             {"engine": "cpu"},
             {"rollout": "sync"},
@@ -363,16 +363,23 @@ def _math_preset() -> dict[str, Any]:
 # and 30 turns) so that they fit the 2k context. The limit goes to vime.make (env.kwargs),
 # not to collector.max_turns: the env then knows its last turn (the SWE env grades there).
 def _tools_preset() -> dict[str, Any]:
-    # Tool schemas fill most of a 1k context: give multi-turn envs the model's full 2k.
+    # What the tiny model was measured to learn (envs/tools/README.md, "Training"): a
+    # calculator call, its result copied into \boxed{}, after a warm start on scripted
+    # episodes. Only the calculator is offered (448-token prompts instead of 952).
     return {
         "env": EnvConfig(
             id="vime/Tools-v0",
-            kwargs={"max_turns": 4},
-            builtin_tasks="vime.suites.tools.tasks:generate_tasks",
-            eval_size=16,
+            kwargs={"max_turns": 4, "tools": ["calculator"]},
+            builtin_tasks="vime.suites.tools.tasks:calculator_tasks",
+            eval_size=64,
+            demonstrations="vime.suites.tools.demonstrations:demonstration",
         ),
         "engine": {"max_model_len": 2048},
-        "rollout": {"collector": {"max_model_len": 2048, "sampling": {"max_tokens": 96}}},
+        "model": {"warm_start_steps": 530, "warm_start_batch": 16},
+        "rollout": {
+            "batch_size": 16,
+            "collector": {"max_model_len": 2048, "sampling": {"max_tokens": 48}},
+        },
     }
 
 

@@ -60,7 +60,7 @@ from vime.rl.run_dir import (
     write_state,
 )
 from vime.rl.tasks import eval_tasks, train_tasks
-from vime.rl.warm_start import warm_start
+from vime.rl.warm_start import tiny_model_warning, warm_start
 from vime.rl.weight_sync import DiskWeightSync
 from vime.trainer.critic import Critic
 from vime.trainer.reference import ReferenceModel
@@ -171,6 +171,8 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
             )
         return path
     base = build_tiny_model()
+    if tiny_model_warning(cfg.env.id):
+        log.warning("%s", tiny_model_warning(cfg.env.id))
     if cfg.model.warm_start_steps == 0:
         return base
     if not cfg.env.demonstrations:
