@@ -23,10 +23,13 @@ on a GPU machine, serve it on the GPU and hide the GPU from this process
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
 import sys
 import tempfile
+import threading
+import time
 
 from vime.engine import EngineConfig, VLLMServer
 from vime.rl.config import load_config
@@ -81,11 +84,37 @@ def main() -> int:
     ).start()
     if args.pin:
         os.sched_setaffinity(0, cores[:-1])
-        print(f"engine pinned to core {cores[-1]}; collector and trainer on {cores[:-1]}")
+        _pin_rollout_threads(cores[-1:])
+        print(
+            f"engine and the collector's threads pinned to core {cores[-1]}; "
+            f"trainer on {cores[:-1]}"
+        )
     try:
         return _compare(args, base, server)
     finally:
         server.stop()
+
+
+ROLLOUT_THREADS = ("vime-rollouts", "vime-env")  # vime.rl.rollouts, vime.agents.collector
+
+
+def _pin_rollout_threads(cores: list[int]) -> None:
+    """Keep the collector's threads (the rollout event loop and the env calls) on
+    ``cores``, beside the engine, as rollout workers on their own devices would be: a
+    watcher pins each such thread once it appears (Linux affinity is per thread)."""
+
+    def watch() -> None:
+        pinned: set[int] = set()
+        while True:
+            for t in threading.enumerate():
+                tid = t.native_id  # None until the thread runs
+                if t.name.startswith(ROLLOUT_THREADS) and tid is not None and tid not in pinned:
+                    with contextlib.suppress(OSError):  # the thread ended meanwhile
+                        os.sched_setaffinity(tid, cores)
+                        pinned.add(tid)
+            time.sleep(0.2)
+
+    threading.Thread(target=watch, name="bench-pinner", daemon=True).start()
 
 
 def _compare(args: argparse.Namespace, base: list[str], server: VLLMServer) -> int:
