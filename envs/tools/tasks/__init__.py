@@ -12,7 +12,7 @@ with ``python -m vime.suites.tools.tasks``). Families:
 - ``csv``: a per-group total from a CSV file in the workspace (python);
 - ``words``: how often a word occurs in a workspace text file (read_file or python).
 
-:func:`calculator_tasks` makes easier ones (``calc``: ``a * b`` of 2-3 digit numbers)
+:func:`calculator_tasks` makes easier ones (``calc``: ``a * b`` of 3-digit numbers)
 for the tiny model, which ``vime-agent train env=tools`` trains on.
 
 Example:
@@ -115,33 +115,31 @@ def generate_tasks(per_family: int = 8, seed: int = 0) -> list[dict[str, Any]]:
     return [_family(name, rng, i) for name in FAMILIES for i in range(per_family)]
 
 
-def _number_of_digits(rng: random.Random, digits: int) -> int:
-    return rng.randrange(10 ** (digits - 1), 10**digits)
-
-
 def calculator_tasks(
-    n: int = 4096, seed: int = 0, digits: tuple[int, int] = (2, 3)
+    n: int = 4096, seed: int = 0, low: int = 317, high: int = 999
 ) -> list[dict[str, Any]]:
-    """``n`` products ``a * b`` of ``digits[0]``- to ``digits[1]``-digit numbers (family ``calc``).
+    """``n`` products ``a * b`` with ``low <= a, b <= high`` (family ``calc``).
 
     The tiny model cannot multiply three-digit numbers in its head but can learn to copy
     the expression into a calculator call and the result into ``\\boxed{}``: the task of
     ``vime-agent train env=tools`` (:mod:`vime.suites.tools.demonstrations` has its
-    demonstration). Each task keeps its ``expression``.
+    demonstration). The defaults give every expression 9 characters and every product 6
+    digits (317² > 10⁵): each copied digit then sits a fixed number of tokens back, which
+    the tiny model learned in 530 warm-start steps. Each task keeps its ``expression``.
 
     Example:
         >>> calculator_tasks(1, seed=3)[0]["question"]
-        'What is 85 * 57?'
+        'What is 560 * 923?'
     """
-    low, high = digits
-    if not 1 <= low <= high:
+    if not 0 <= low <= high:
         raise DataError(
-            f"calculator_tasks: digits must be (low, high) with 1 <= low <= high, got {digits}"
+            f"calculator_tasks (env.builtin_args.low/high): need 0 <= low <= high, "
+            f"got low={low}, high={high}"
         )
     rng = random.Random(seed)
     tasks = []
     for i in range(n):
-        a, b = (_number_of_digits(rng, rng.randint(low, high)) for _ in "ab")
+        a, b = rng.randint(low, high), rng.randint(low, high)
         expression = f"{a} * {b}"
         tasks.append(
             {
