@@ -15,6 +15,7 @@ import re
 from typing import Any
 
 import pytest
+from _agent_envs import ADD_TOOL
 
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.completion import parse_completion
@@ -27,19 +28,7 @@ from vime.types import Action, EpisodeStatus, SamplingParams
 
 pytestmark = pytest.mark.engine
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "add",
-            "description": "Add two integers.",
-            "parameters": {
-                "type": "object",
-                "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-            },
-        },
-    }
-]
+TOOLS = [ADD_TOOL]  # the collector tests' add tool
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 TURNS = (  # what the policy is made to write, turn by turn
     f"<think>\nI add 1 and 2.\n</think>\n\n{CALL}",
