@@ -134,15 +134,15 @@ class RolloutStream:
                     break
                 self._seq += 1
                 self._versions[self._seq] = self.version()
-                play = self._play(self._seq, task, self.version())
+                play = self._play(self._seq, task)
                 self.in_flight[self._seq] = asyncio.get_running_loop().create_task(play)
             await asyncio.sleep(POLL_S)
 
-    async def _play(self, seq: int, task: dict[str, Any], version: int) -> None:
+    async def _play(self, seq: int, task: dict[str, Any]) -> None:
         try:
             if not self.stopping:  # checked where collect() clears the abort flag
                 episodes = await self.collector.collect([task], self.env_factory)
-                self.ready.append(Group(seq, task, episodes, version))
+                self.ready.append(Group(seq, task, episodes, self._versions[seq]))
         except BaseException as err:  # a bug in the collector: surface it in take()
             if not isinstance(err, asyncio.CancelledError):
                 self._error = err
