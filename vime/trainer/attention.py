@@ -10,6 +10,11 @@ and Megatron's explicit mask argument is ignored) or packed: Megatron's ``thd`` 
 samples concatenated with their cumulative lengths in ``packed_seq_params``, where each
 sample attends only to itself (:func:`packed_causal_sdpa`).
 
+Gemma's layers may also limit attention to the last ``window`` positions (sliding-window
+layers) or cap the scores with ``softcap · tanh(score / softcap)`` (Gemma 2):
+:func:`local_attention`, per layer, in both layouts. Only the capped layers leave the fused
+kernel (the cap sits between the product and the softmax, where SDPA has no hook).
+
 Example:
     >>> import torch
     >>> q, k = torch.randn(5, 2, 4, 8), torch.randn(5, 2, 2, 8)  # [seq, batch, heads, dim]
@@ -20,6 +25,7 @@ Example:
 from __future__ import annotations
 
 import itertools
+from functools import partial
 from typing import Any
 
 import torch
@@ -81,6 +87,50 @@ def packed_causal_sdpa(
     return torch.cat(outs)
 
 
+def local_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    softmax_scale: float | None,
+    window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:
+    """:func:`causal_sdpa` where query i sees only keys ``i - window < j <= i`` (a sliding
+    window, as transformers and vLLM count it) and/or with tanh-capped scores.
+
+    Without ``softcap`` it is SDPA with a band mask; with it, the scores are computed
+    explicitly (GQA heads repeated, softmax in float32, as transformers' eager attention).
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(6, 1, 2, 4)
+        >>> out = local_attention(x, x, x, softmax_scale=None, window=2, softcap=None)
+        >>> alone = causal_sdpa(x[4:], x[4:], x[4:], softmax_scale=None)  # the last 2 tokens
+        >>> bool(torch.allclose(out[5], alone[1], atol=1e-6))
+        True
+    """
+    s, b = query.shape[0], query.shape[1]
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # → [b, heads, s, d]
+    pos = torch.arange(s, device=q.device)
+    behind = pos[:, None] - pos[None, :]
+    allowed = behind >= 0
+    if window is not None:
+        allowed &= behind < window
+    if softcap is None:
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=allowed, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
+        )
+    else:
+        groups = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
+        scores = torch.tanh((q @ k.transpose(-1, -2)) * scale / softcap) * softcap
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype) @ v
+    return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
 def sdpa_core_attention_class() -> type:
     """The Megatron ``core_attention`` module class built on :func:`causal_sdpa`.
 
@@ -103,9 +153,12 @@ def sdpa_core_attention_class() -> type:
             softmax_scale: float | None = None,
             cp_comm_type: str | None = None,
             pg_collection: Any = None,
+            window: int | None = None,
+            softcap: float | None = None,
         ) -> None:
             super().__init__(config=config)
             self.softmax_scale = softmax_scale
+            self.window, self.softcap = window, softcap
 
         def forward(
             self,
@@ -119,6 +172,8 @@ def sdpa_core_attention_class() -> type:
         ):
             if attention_bias is not None:
                 raise NotImplementedError("SDPACoreAttention: attention bias")
+            if self.window is not None or self.softcap is not None:
+                return self._local(query, key, value, packed_seq_params)
             if packed_seq_params is not None:
                 return packed_causal_sdpa(
                     query,
@@ -128,5 +183,21 @@ def sdpa_core_attention_class() -> type:
                     softmax_scale=self.softmax_scale,
                 )
             return causal_sdpa(query, key, value, softmax_scale=self.softmax_scale)
+
+        def _local(self, query, key, value, packed_seq_params):
+            run = partial(
+                local_attention,
+                softmax_scale=self.softmax_scale,
+                window=self.window,
+                softcap=self.softcap,
+            )
+            if packed_seq_params is None:
+                return run(query, key, value)
+            bounds = packed_seq_params.cu_seqlens_q.tolist()
+            outs = [
+                run(query[lo:hi, None], key[lo:hi, None], value[lo:hi, None])[:, 0]
+                for lo, hi in itertools.pairwise(bounds)
+            ]
+            return torch.cat(outs)
 
     return SDPACoreAttention

@@ -102,6 +102,17 @@ def _layer_maps(m: str, i: int, spec: ModelSpec, experts: range) -> list[_Map]:
     ``experts``: the HF indices of this rank's local experts."""
     h = f"model.layers.{i}."
     att = h + "self_attn."
+    # Gemma 2/3's sandwich norms: HF's post_attention_layernorm normalises the attention
+    # output (elsewhere it is the MLP's input norm) and pre_feedforward_layernorm the MLP input.
+    norms = (
+        [
+            ("self_attention.post_layernorm", "post_attention_layernorm"),
+            ("pre_mlp_layernorm", "pre_feedforward_layernorm"),
+            ("mlp.post_layernorm", "post_feedforward_layernorm"),
+        ]
+        if spec.gemma
+        else [("pre_mlp_layernorm", "post_attention_layernorm")]
+    )
     maps = [
         _Map(m + "input_layernorm.weight", (h + "input_layernorm.weight",), "replicated"),
         _Map(
@@ -110,10 +121,8 @@ def _layer_maps(m: str, i: int, spec: ModelSpec, experts: range) -> list[_Map]:
             "qkv",
         ),
         _Map(m + "self_attention.linear_proj.weight", (att + "o_proj.weight",), "row"),
-        _Map(
-            m + "pre_mlp_layernorm.weight", (h + "post_attention_layernorm.weight",), "replicated"
-        ),
     ]
+    maps += [_Map(m + f"{a}.weight", (h + f"{b}.weight",), "replicated") for a, b in norms]
     if spec.qkv_bias:
         names = (att + "q_proj.bias", att + "k_proj.bias", att + "v_proj.bias")
         maps.append(_Map(m + "self_attention.linear_qkv.bias", names, "qkv"))

@@ -19,7 +19,9 @@ is assembled from per-rank pieces (max, sum of exponentials, target logit, Σ p�
 one all-reduce each, never gathering the vocabulary.
 
 The numerics follow vLLM's ``--logprobs-mode processed_logprobs``: logits are computed in
-the model dtype, cast to fp32, divided by the temperature, then log-softmaxed.
+the model dtype, soft-capped where the model caps them (Gemma 2: ``softcap``), cast to fp32,
+divided by the temperature, then log-softmaxed. Capped logits take the autograd path
+(:func:`_chunk`): the fused backward has no tanh term.
 
 Example:
     >>> import torch
@@ -39,6 +41,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
+
+from vime.trainer.gemma import softcap
 
 # Padded vocabulary columns get this logit: exp() of it is exactly 0 and, unlike -inf,
 # 0 · logit stays 0, so entropy and gradients stay finite.
@@ -78,8 +82,9 @@ def _chunk(
     with_entropy: bool,
     *,
     entropy_grad: bool,
+    cap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = hidden @ weight.t()
+    logits = softcap(hidden @ weight.t(), cap)
     # bf16/fp16 logits are upcast (as vLLM does); fp64 stays fp64 (for exact tests).
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     if temperature != 1.0:
@@ -192,6 +197,7 @@ def token_logprobs(
     with_entropy: bool = True,
     entropy_grad: bool = True,
     recompute: bool = True,
+    logit_softcap: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the entropy of the distribution, for every row of ``hidden``.
 
@@ -206,6 +212,8 @@ def token_logprobs(
         entropy_grad: the entropy is differentiable (an entropy loss term); else detached.
         recompute: checkpoint each chunk (its logits are recomputed in the backward pass)
             rather than keep every chunk's fp32 logits until the backward pass.
+        logit_softcap: logits become ``cap · tanh(logits / cap)`` first (Gemma 2's
+            ``final_logit_softcapping``), as the model's own output and vLLM compute them.
 
     Returns ``(logprobs [N], entropy [N])`` in fp32 (fp64 for fp64 inputs), differentiable w.r.t. hidden and weight.
 
@@ -238,8 +246,10 @@ def token_logprobs(
             tp_rank,
             with_entropy,
         )
-        if entropy_grad and with_entropy and needs_grad:
-            fn: Any = partial(_chunk, entropy_grad=True)
+        if logit_softcap is not None:
+            fn: Any = partial(_chunk, entropy_grad=entropy_grad, cap=logit_softcap)
+        elif entropy_grad and with_entropy and needs_grad:
+            fn = partial(_chunk, entropy_grad=True)
         else:
             fn = _fused_chunk
         if needs_grad and recompute:

@@ -1,5 +1,5 @@
 """Megatron-core GPT models built from Hugging Face configs (Llama 2/3.x, Mistral, Qwen2/2.5,
-Qwen3, Qwen3-MoE).
+Qwen3, Qwen3-MoE, Gemma 2, Gemma 3 text: its pieces in :mod:`vime.trainer.gemma`).
 
 :func:`model_spec_from_hf` reads an HF config into a small :class:`ModelSpec` (and refuses
 what cannot be mapped exactly); :func:`megatron_config_from_hf` turns it into a Megatron
@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from vime.errors import UnsupportedArchitectureError
+from vime.trainer.gemma import (
+    GemmaSpec,
+    gemma_block_spec,
+    gemma_spec_from_hf,
+    scale_embeddings,
+    softcap,
+)
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe")
-# Gemma 2/3 need parts megatron-core 0.16's GPT layer does not have (see _refuse_gemma).
+SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text")
+# Gemma 1 and the multimodal Gemma 3 are refused by gemma_spec_from_hf, naming the reason.
 GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Llama 3.x rope scaling: megatron-core's RotaryEmbedding takes only the factor and fixes
 # the other three parameters to these values (those of every published Llama 3.1/3.2/3.3).
@@ -70,6 +78,8 @@ class ModelSpec:
     moe_ffn_hidden_size: int = 0
     norm_topk_prob: bool = False
     moe_layers: tuple[bool, ...] = ()
+    # Gemma 2/3: sandwich norms, x·(1+w) norms, scaled embeddings, windows, soft-capping.
+    gemma: GemmaSpec | None = None
 
     def is_moe_layer(self, index: int) -> bool:
         """True when layer ``index`` (global, 0-based) has the sparse MoE block as its MLP.
@@ -80,6 +90,17 @@ class ModelSpec:
             True
         """
         return bool(self.moe_layers) and self.moe_layers[index]
+
+    @property
+    def logit_softcap(self) -> float | None:
+        """Gemma 2's ``final_logit_softcapping`` (None: the logits are not capped).
+
+        Example:
+            >>> ModelSpec("llama", 1, 8, 8, 1, 1, 8, 8, 128, 1e-6, 1e4, 8, False, False,
+            ...           False).logit_softcap is None
+            True
+        """
+        return self.gemma.final_softcap if self.gemma else None
 
 
 def _rope_params(cfg: Any) -> dict[str, Any]:
@@ -138,60 +159,6 @@ def _check_sliding_window(cfg: Any, family: str) -> None:
         )
 
 
-def _gemma_gaps(cfg: Any) -> list[str]:
-    """What a Gemma config needs that megatron-core 0.16's GPT model cannot compute.
-
-    Example:
-        >>> from transformers import Gemma2Config
-        >>> [gap.split(":")[0] for gap in _gemma_gaps(Gemma2Config())][:2]
-        ['model_type=gemma2', 'final_logit_softcapping=30.0']
-    """
-    family = cfg.model_type
-    gaps = []
-    if family != "gemma":
-        gaps.append(
-            f"model_type={family}: every layer has post_attention_layernorm and "
-            "post_feedforward_layernorm on the sublayer outputs (sandwich norms); "
-            "megatron-core's TransformerLayer normalises only sublayer inputs"
-        )
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if getattr(cfg, key, None) is not None:
-            gaps.append(
-                f"{key}={getattr(cfg, key)}: tanh soft-capping of the "
-                f"{'output logits' if key.startswith('final') else 'attention scores'} has no "
-                "megatron-core GPT option"
-            )
-    if "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
-        gaps.append(
-            f"layer_types / sliding_window={cfg.sliding_window}: alternating local and global "
-            "attention layers; the trainer attends to every earlier token in every layer"
-        )
-    if getattr(cfg, "rope_parameters", None) and "sliding_attention" in cfg.rope_parameters:
-        gaps.append(
-            "rope_parameters per layer type (rope_local_base_freq): two rotary bases; "
-            "megatron-core's GPT model has one"
-        )
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    scalar = getattr(cfg, "query_pre_attn_scalar", None)
-    if scalar is not None and int(scalar) != int(head_dim):
-        gaps.append(f"query_pre_attn_scalar={scalar} != head_dim={head_dim}: another softmax scale")
-    gaps.append(
-        "embeddings scaled by sqrt(hidden_size) and RMSNorm as x * (1 + weight): not in "
-        "vime's mapping (megatron-core's GPT embedding has no scale)"
-    )
-    return gaps
-
-
-def _refuse_gemma(cfg: Any) -> None:
-    """Raise naming every Gemma field the Megatron model would not reproduce."""
-    text = getattr(cfg, "text_config", None) or cfg  # Gemma 3's multimodal config wraps it
-    raise UnsupportedArchitectureError(
-        f"model_type={cfg.model_type!r} (Gemma) is not supported: "
-        + "; ".join(_gemma_gaps(text))
-        + f". Supported model types: {', '.join(SUPPORTED_FAMILIES)} (docs/models.md)"
-    )
-
-
 def _moe_fields(cfg: Any, family: str) -> dict[str, Any]:
     """The MoE fields of :class:`ModelSpec` from a Qwen3-MoE config (none for dense ones).
 
@@ -239,7 +206,8 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
     """
     family = getattr(cfg, "model_type", None)
     if family in GEMMA_FAMILIES:
-        _refuse_gemma(cfg)
+        gemma = gemma_spec_from_hf(cfg)
+        return _spec(cfg, rope_theta=gemma.rope_theta, qk_norm=family == "gemma3_text", gemma=gemma)
     if family not in SUPPORTED_FAMILIES:
         raise UnsupportedArchitectureError(
             f"model_type={family!r} (architectures={getattr(cfg, 'architectures', None)}) is not "
@@ -259,30 +227,37 @@ def model_spec_from_hf(cfg: Any) -> ModelSpec:
         # Llama's attention_bias also puts a bias on o_proj, which Megatron can only express
         # together with biases on every linear layer.
         raise UnsupportedArchitectureError(f"{family} attention_bias=True is not supported")
-    heads = int(cfg.num_attention_heads)
-    kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)
-    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads)
-    vocab = int(cfg.vocab_size)
     rope_theta, llama3_factor = _rope(cfg)
-    return ModelSpec(
-        family=family,
-        num_layers=int(cfg.num_hidden_layers),
-        hidden_size=int(cfg.hidden_size),
-        ffn_hidden_size=int(cfg.intermediate_size),
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        vocab_size=vocab,
-        padded_vocab_size=math.ceil(vocab / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE,
-        rms_norm_eps=float(cfg.rms_norm_eps),
+    return _spec(
+        cfg,
         rope_theta=rope_theta,
-        max_position_embeddings=int(cfg.max_position_embeddings),
-        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
         # Qwen2 always has q/k/v biases; Qwen3 has them only with attention_bias=True.
         qkv_bias=family == "qwen2" or (family in ("qwen3", "qwen3_moe") and attention_bias),
         qk_norm=family in ("qwen3", "qwen3_moe"),
         llama3_rope_factor=llama3_factor,
         **_moe_fields(cfg, family),
+    )
+
+
+def _spec(cfg: Any, *, qkv_bias: bool = False, **fields: Any) -> ModelSpec:
+    """The :class:`ModelSpec` fields every family reads the same way, plus ``fields``."""
+    heads = int(cfg.num_attention_heads)
+    vocab = int(cfg.vocab_size)
+    return ModelSpec(
+        family=cfg.model_type,
+        num_layers=int(cfg.num_hidden_layers),
+        hidden_size=int(cfg.hidden_size),
+        ffn_hidden_size=int(cfg.intermediate_size),
+        num_heads=heads,
+        num_kv_heads=int(getattr(cfg, "num_key_value_heads", None) or heads),
+        head_dim=int(getattr(cfg, "head_dim", None) or cfg.hidden_size // heads),
+        vocab_size=vocab,
+        padded_vocab_size=math.ceil(vocab / VOCAB_PAD_MULTIPLE) * VOCAB_PAD_MULTIPLE,
+        rms_norm_eps=float(cfg.rms_norm_eps),
+        max_position_embeddings=int(cfg.max_position_embeddings),
+        tied_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=qkv_bias,
+        **fields,
     )
 
 
@@ -336,7 +311,9 @@ def megatron_config_from_hf(
         normalization="RMSNorm",
         layernorm_epsilon=spec.rms_norm_eps,
         gated_linear_unit=True,
-        activation_func=F.silu,
+        # Gemma: gelu_pytorch_tanh (GeGLU); softmax scale from query_pre_attn_scalar.
+        activation_func=partial(F.gelu, approximate="tanh") if spec.gemma else F.silu,
+        softmax_scale=spec.gemma.softmax_scale if spec.gemma else None,
         add_bias_linear=False,
         add_qkv_bias=spec.qkv_bias,
         qk_layernorm=spec.qk_norm,
@@ -411,7 +388,11 @@ def _policy_model_class() -> type:
         def _postprocess(self, hidden_states, **kwargs):  # type: ignore[override]
             if self.post_process and self.return_hidden:
                 return hidden_states
-            return super()._postprocess(hidden_states=hidden_states, **kwargs)
+            out = super()._postprocess(hidden_states=hidden_states, **kwargs)
+            spec = getattr(self, "hf_spec", None)
+            if self.post_process and kwargs.get("labels") is None and spec is not None:
+                out = softcap(out, spec.logit_softcap)  # Gemma 2's final logit cap
+            return out
 
         def train(self, mode: bool = True):  # type: ignore[override]
             # megatron-core's MoE layer refuses a training forward at TP > 1 without
@@ -485,6 +466,11 @@ def build_gpt_model(
     config = megatron_config_from_hf(spec, tp=tp, pp=pp, ep=ep, dtype=dtype, recompute=recompute)
     if attention not in ATTENTION_BACKENDS:
         raise ValueError(f"attention={attention!r}: choose one of {ATTENTION_BACKENDS}")
+    if spec.gemma is not None and attention != "sdpa":
+        raise UnsupportedArchitectureError(
+            f"model_type={spec.family} needs trainer.attention=sdpa (vime's attention has "
+            "Gemma's sliding windows and soft-capping; megatron-core's local one has neither)"
+        )
     layer_spec = _layer_spec(config, spec, attention)
     from vime.trainer.compat import cpu_device_scope
 
@@ -499,6 +485,8 @@ def build_gpt_model(
         # Float16Module does; vLLM holds the norms in the same dtype.
         model.to(dtype)
     model.hf_spec = spec
+    if spec.gemma is not None and model.pre_process:
+        scale_embeddings(model, spec.hidden_size)
     return model
 
 
@@ -508,6 +496,8 @@ def _layer_spec(config: Any, spec: ModelSpec, attention: str) -> Any:
     ``attention="sdpa"`` every layer's core attention is vime's SDPA."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    if spec.gemma is not None:
+        return gemma_block_spec(config, spec)
     if spec.num_experts:
         from vime.trainer.compat import allow_moe_without_transformer_engine
 

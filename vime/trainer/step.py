@@ -311,6 +311,7 @@ class Trainer:
             with_entropy=with_entropy,
             entropy_grad=self.config.loss.entropy_coef != 0,
             recompute=self.config.logprob_recompute,
+            logit_softcap=self.spec.logit_softcap,
         )
         block = torch.zeros(real.shape, dtype=lp.dtype, device=lp.device)
         return block.masked_scatter(real, lp), block.masked_scatter(real, ent)
