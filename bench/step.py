@@ -11,8 +11,11 @@ per step (< 1 means the overlap pays).
 
 ``--pin`` gives the engine its own core(s), as on a machine where rollouts and training
 have their own devices: the server (and every process it starts) is launched with this
-process's affinity set to the last core, then this process (collector and trainer) keeps
-the other cores. Without it, everything shares every core, and async has nothing to overlap.
+process's affinity set to the last core, and so are the collector's threads; the trainer
+keeps the other cores. Without it, everything shares every core, and async has nothing to
+overlap. In async mode the trainer runs in a process of its own
+(``placement.trainer_process``, on by default there), so the collector's Python threads do
+not take its interpreter lock; ``placement.trainer_process=false`` measures without that.
 
 ``--engine-url URL`` uses an engine that already serves the run's starting model (the
 tiny model after its warm start, as ``prepare_model`` builds it) instead of launching one:

@@ -140,6 +140,33 @@ class Tracer:
             events, self._events = self._events, []
         return events
 
+    def absorb(
+        self,
+        events: list[dict[str, Any]],
+        totals: dict[str, tuple[int, float]],
+        *,
+        lane_name: str,
+    ) -> None:
+        """Take in another process's spans (its :meth:`drain` and :meth:`take_totals`): they
+        are counted here and drawn on one lane named ``lane_name`` (both clocks are wall
+        time, so they line up).
+
+        Example:
+            >>> tracer = Tracer()
+            >>> tracer.absorb([], {"train_micro_batch": (2, 0.5)}, lane_name="trainer")
+            >>> tracer.take_totals()["train_micro_batch"]
+            (2, 0.5)
+        """
+        with self._lock:
+            for kind, (count, seconds) in totals.items():
+                total = self._totals.setdefault(kind, [0, 0.0])
+                total[0] += count
+                total[1] += seconds
+            lane = self._threads.setdefault(lane_name, len(self._threads) + 1)
+            if self.enabled:
+                pid = os.getpid()
+                self._events.extend({**e, "pid": pid, "tid": lane} for e in events)
+
     def write(self, path: str | Path, events: list[dict[str, Any]]) -> Path:
         """Save ``events`` (from :meth:`drain`) as a Chrome trace JSON file, atomically."""
         with self._lock:

@@ -60,9 +60,11 @@ from vime.rl.run_dir import (
     write_state,
 )
 from vime.rl.tasks import eval_tasks, train_tasks
+from vime.rl.trainer_process import TrainerProcess, trainer_in_own_process
 from vime.rl.warm_start import tiny_model_warning, warm_start
 from vime.rl.weight_sync import DiskWeightSync
 from vime.trainer.critic import Critic
+from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
 from vime.trainer.step import Trainer
 from vime.types import Episode
@@ -88,19 +90,32 @@ def train(cfg: TrainConfig) -> TrainResult:
         2
     """
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
-    ranks = Ranks.start(cfg.placement, external=len(external))
+    own_process = trainer_in_own_process(
+        cfg.placement.trainer_process,
+        mode=cfg.rollout.mode,
+        sync=cfg.sync,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+    )
+    ranks = Ranks.start(cfg.placement, external=len(external), join=not own_process)
     run, model_dir = ranks.from_driver(lambda: _prepare(cfg))
-    trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
-    reference = _reference(cfg, model_dir)
-    critic = _critic(cfg, model_dir, ranks)
 
     with contextlib.ExitStack() as cleanup:
-        fleet = cleanup.enter_context(
+        if own_process:  # built in the child while the engines start here
+            group = TrainerGroup(
+                None,
+                ranks,
+                remote=cleanup.enter_context(
+                    TrainerProcess.start(trainer_child, cfg, model_dir, ranks)
+                ),
+            )
+        else:
+            group = trainer_group(cfg, model_dir, ranks)
+        group.fleet = cleanup.enter_context(
             ranks.engine_fleet(
                 cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
             )
         )
-        group = TrainerGroup(trainer, ranks, fleet, reference, critic)
+        fleet = group.fleet
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
             with STOP.following():  # a Ctrl-C: rank 0 saves (collective), then releases it
                 group.follow()
@@ -186,6 +201,22 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
     return warm_start(base, cfg.model, cfg.env, cache)
 
 
+def trainer_group(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
+    """(Every rank.) The policy's trainer with π_ref (a KL term) and the critic (GAE)."""
+    trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
+    return TrainerGroup(
+        trainer, ranks, reference=_reference(cfg, model_dir), critic=_critic(cfg, model_dir, ranks)
+    )
+
+
+def trainer_child(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
+    """(The trainer's own process, ``placement.trainer_process``.) Join torch.distributed
+    as a world of one, then build what :func:`trainer_group` builds."""
+    init_distributed(ranks.layout.tp, ranks.layout.pp)
+    TRACE.enable(cfg.trace.enabled)  # its spans travel back with each call's result
+    return trainer_group(cfg, model_dir, ranks)
+
+
 def _reference(cfg: TrainConfig, model_dir: Path) -> ReferenceModel | None:
     """(Every rank.) The frozen π_ref when a KL term is on: ``reference.path``, else the
     policy's starting weights; None without a KL term."""
@@ -222,13 +253,14 @@ def _learn(
     and GAE is made from the values. The critic then trains on the returns of the same
     samples, after the policy.
     """
-    ref = group.reference_logprobs if group.reference is not None else None
-    values = group.critic_values if group.critic is not None else None
+    critic = cfg.rollout.advantage == "gae"
+    ref = group.reference_logprobs if needs_reference(cfg) else None
+    values = group.critic_values if critic else None
     samples, stats = make_samples(episodes, cfg, version, ref, values)
     pause_point("train", step)  # fault tests: SIGKILL with the step buffered
     if samples:
         stats.update({f"train/{k}": v for k, v in group.train_step(samples).items()})
-    if samples and group.critic is not None:
+    if samples and critic:
         stats.update({f"critic/{k}": v for k, v in group.critic_train_step(samples).items()})
     return stats
 

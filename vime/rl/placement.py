@@ -45,6 +45,10 @@ class PlacementConfig:
         mode: ``split`` (engines on their own devices) or ``colocated`` (on the trainer's
             devices, asleep while it trains).
         engine_urls: external engines (``http://host:port``) that join the fleet.
+        trainer_process: run the (single) trainer rank in a process of its own, so the
+            collector's threads and the trainer do not share one interpreter lock;
+            ``None``: on in ``rollout.mode=async`` with one rank and ``sync=disk``, where
+            rollouts run while the trainer trains (:mod:`vime.rl.trainer_process`).
 
     Example:
         >>> PlacementConfig(engine_urls=["http://10.0.0.7:8000"]).engines_per_node is None
@@ -59,6 +63,7 @@ class PlacementConfig:
     engine_devices: list[int] = field(default_factory=list)
     mode: str = "split"
     engine_urls: list[str] = field(default_factory=list)
+    trainer_process: bool | None = None
 
     def __post_init__(self) -> None:
         require(self.tp >= 1, "placement.tp", "must be >= 1")

@@ -38,6 +38,7 @@ from vime.errors import ConfigError, TrainerError
 from vime.net import address_towards
 from vime.rl.gpu_sync import Push, gather_and_push
 from vime.rl.placement import Cluster, Layout, PlacementConfig, check_placement
+from vime.rl.trainer_process import TrainerProcess
 from vime.trainer.critic import Critic, checkpoint_folder
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
@@ -62,8 +63,9 @@ class Ranks:
     control: Any  # a gloo process group for Python objects; None with one rank
 
     @classmethod
-    def start(cls, placement: PlacementConfig, *, external: int = 0) -> Ranks:
-        """Check the placement against what torchrun started, then join torch.distributed.
+    def start(cls, placement: PlacementConfig, *, external: int = 0, join: bool = True) -> Ranks:
+        """Check the placement against what torchrun started, then join torch.distributed
+        (not with ``join=False``: the trainer then lives in a child process, which joins).
 
         Example (skipped as a doctest: it initialises torch.distributed):
             >>> Ranks.start(PlacementConfig()).layout.dp  # doctest: +SKIP
@@ -71,7 +73,8 @@ class Ranks:
         """
         cluster = Cluster.from_env()
         layout = check_placement(placement, cluster, external=external)
-        init_distributed(layout.tp, layout.pp)
+        if join:
+            init_distributed(layout.tp, layout.pp)
         control = None
         if cluster.world_size > 1:
             # Objects travel on gloo even when the trainer uses NCCL (no device copies).
@@ -164,17 +167,20 @@ class TrainerGroup:
 
     def __init__(
         self,
-        trainer: Trainer,
+        trainer: Trainer | None,
         ranks: Ranks,
         fleet: EngineFleet | None = None,
         reference: ReferenceModel | None = None,
         critic: Critic | None = None,
+        *,
+        remote: TrainerProcess | None = None,
     ) -> None:
-        self.trainer = trainer
+        self.trainer = trainer  # None when ``remote`` holds it
         self.ranks = ranks
         self.fleet = fleet or EngineFleet([], [])
         self.reference = reference  # the frozen π_ref of a KL term, on every rank
         self.critic = critic  # the learned value function of rollout.advantage=gae
+        self.remote = remote  # placement.trainer_process: the trainer's own process
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
 
@@ -236,6 +242,8 @@ class TrainerGroup:
             self._run(name, args)
 
     def _call(self, name: str, *args: Any) -> Any:
+        if self.remote is not None and name != "restart_dead_engines":  # engines are here
+            return self.remote.call(name, args)
         if self.ranks.control is not None:
             dist.broadcast_object_list([(name, args)], src=0, group=self.ranks.control)
         return self._run(name, args)
@@ -244,7 +252,7 @@ class TrainerGroup:
         if name == "restart_dead_engines":
             restarted = self.fleet.restart_dead()
             return [url for urls in self.ranks.all_gather(restarted) for url in urls]
-        if name == "send_weights":
+        if name == "send_weights" and self.trainer is not None:
             return gather_and_push(self.trainer.module, *args)
         if name == "reference_logprobs":
             if self.reference is None:
@@ -255,6 +263,8 @@ class TrainerGroup:
                 raise TrainerError("no critic: the run's rollout.advantage is not gae")
             method = {"critic_values": "compute_values", "critic_train_step": "train_step"}[name]
             return getattr(self.critic, method)(*args)
+        if self.trainer is None:
+            raise TrainerError(f"{name}: this process holds no trainer")
         result = getattr(self.trainer, name)(*args)
         if self.critic is not None and name in ("save_checkpoint", "load_checkpoint"):
             self._critic_checkpoint(name, Path(args[0]))
