@@ -98,10 +98,18 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     dist.destroy_process_group()
 
 
+# The MoE training step compared across parallel layouts. Adam's first step is
+# lr · g / (|g| + eps): with the default eps it is lr · sign(g), blind to a gradient's scale
+# and flipped by float32 noise where g ≈ 0; with eps ≫ |g| (|g| ≤ 1 after clipping) it is
+# lr · g / eps, so the updated weights compare the gradients themselves.
+MOE_TRAIN: dict[str, Any] = dict(lr=1.0, adam_eps=1e3, micro_batch_tokens=64)
+
+
 def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None:
     """TP=2 logits (saved by rank 0 as ``logits_<family>.pt``) and HF exports
-    (``export_<family>``) of each checkpoint; for an MoE one, the trainer's TP=2 log-probs
-    and the refusal of a TP=2 MoE training step."""
+    (``export_<family>``) of each checkpoint; for an MoE one, the trainer's TP=2 log-probs,
+    one TP=2 training step (padded micro-batches) and one at TP=2 × EP=2 (packed), with
+    their updated weights exported to ``trained_<family>`` and ``trained_<family>_ep2``."""
     os.environ.update(
         RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
     )
@@ -110,7 +118,6 @@ def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str
     import transformers as tf
     from _trainer_samples import random_samples
 
-    from vime.errors import UnsupportedArchitectureError
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import export_hf, load_hf_weights
     from vime.trainer.model import build_gpt_model
@@ -134,17 +141,16 @@ def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str
         if rank == 0:
             torch.save({"ids": ids.cpu(), "logits": logits.cpu()}, out / f"logits_{family}.pt")
         if model.hf_spec.num_experts:
-            trainer = Trainer(folder, TrainerConfig(micro_batch_tokens=64), tp=2)
+            trainer = Trainer(folder, TrainerConfig(**MOE_TRAIN), tp=2)
+            assert trainer.mcore_config.sequence_parallel
             samples = random_samples(4, cfg.vocab_size, seed=3)
             found[f"{family}_logprobs"] = trainer.compute_logprobs(samples)
-            try:
-                trainer.train_step(samples)
-                found[f"{family}_train"] = "trained"
-            except UnsupportedArchitectureError as e:
-                found[f"{family}_train"] = str(e)
+            found[f"{family}_step"] = trainer.train_step(samples)
+            trainer.export_hf(out / f"trained_{family}")
     for family, folder in checkpoints.items():  # expert parallel 2 (TP=1): MoE only
         if "moe" in family:
             _expert_parallel_2(rank, family, folder, out)
+            found[f"{family}_ep2_step"] = _train_tp2_ep2(family, folder, out)
     if rank == 0:
         (out / "found.json").write_text(json.dumps(found))
     dist.barrier()
@@ -177,3 +183,25 @@ def _expert_parallel_2(rank: int, family: str, folder: str, out: Path) -> None:
     export_hf(model, out / f"export_{family}_ep2", like=folder)
     if rank == 0:
         torch.save({"ids": ids, "logits": logits}, out / f"logits_{family}_ep2.pt")
+
+
+def _train_tp2_ep2(family: str, folder: str, out: Path) -> dict[str, float]:
+    """One packed training step at TP=2 with EP=2 (each rank holds half the experts, whole:
+    expert TP 1); the updated weights go to ``trained_<family>_ep2``."""
+    from _trainer_samples import random_samples
+    from megatron.core import parallel_state as ps
+
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    ps.destroy_model_parallel()
+    ps.initialize_model_parallel(2, 1, expert_model_parallel_size=2, expert_tensor_parallel_size=1)
+    trainer = Trainer(folder, TrainerConfig(**MOE_TRAIN, pack_sequences=True), tp=2)
+    experts = {
+        n.split("local_experts.")[1].split(".")[0]
+        for n, _ in trainer.module.named_parameters()
+        if "local_experts" in n
+    }
+    assert len(experts) == trainer.spec.num_experts // 2, experts
+    step = trainer.train_step(random_samples(4, trainer.spec.vocab_size, seed=3))
+    trainer.export_hf(out / f"trained_{family}_ep2")
+    return step

@@ -1,6 +1,7 @@
 """A model larger than one rank: Qwen3-MoE and Llama 3.x at tensor-parallel 2, and
 Qwen3-MoE at expert-parallel 2 (two gloo processes on a CPU), give the TP=1 logits and
-export the same HF tensors as TP=1."""
+export the same HF tensors as TP=1; Qwen3-MoE trains at TP=2 (sequence parallel) and at
+TP=2 × EP=2 as at TP=1."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch.multiprocessing as mp
 import transformers as tf
 from _trainer_models import make_hf_checkpoint
 from _trainer_samples import random_samples
+from _trainer_tp2_worker import MOE_TRAIN
 from test_trainer_hf import megatron_logits
 from test_trainer_parallel import WORLD, max_abs_diff
 
@@ -55,11 +57,39 @@ def test_moe_and_dense_at_tp2_match_tp1(dist1, tmp_path, f32_tol):
         b = read_hf_state(out / f"export_{run}")
         assert sorted(a) == sorted(b), run
         assert all(torch.equal(a[k], b[k]) for k in a), run  # bit for bit
-    # The MoE trainer's log-probs at TP=2 are TP=1's; training it at TP=2 is refused
-    # with the fix (megatron-core's MoE needs sequence parallelism there).
+    # The MoE trainer at TP=2 (sequence parallel, padded micro-batches) and at TP=2 × EP=2
+    # (packed): TP=1's log-probs, loss, gradient norm and updated weights.
     samples = random_samples(4, 250, seed=3)
-    tp1 = Trainer(checkpoints["qwen3-moe"], TrainerConfig(micro_batch_tokens=64))
-    diff = max_abs_diff(tp1.compute_logprobs(samples), found["qwen3-moe_logprobs"])
-    print(f"qwen3-moe: max |TP=2 − TP=1| log-probs = {diff:.2e}")
-    assert diff < f32_tol.logprobs
-    assert "needs tp=1" in found["qwen3-moe_train"], found["qwen3-moe_train"]
+    for run, packed in (("qwen3-moe", False), ("qwen3-moe_ep2", True)):
+        trainer = Trainer(
+            checkpoints["qwen3-moe"], TrainerConfig(**MOE_TRAIN, pack_sequences=packed)
+        )
+        if not packed:
+            diff = max_abs_diff(trainer.compute_logprobs(samples), found["qwen3-moe_logprobs"])
+            print(f"qwen3-moe: max |TP=2 − TP=1| log-probs = {diff:.2e}")
+            assert diff < f32_tol.logprobs
+        step, other = trainer.train_step(samples), found[f"{run}_step"]
+        assert other["loss"] == pytest.approx(step["loss"], rel=f32_tol.rel), run
+        assert other["grad_norm"] == pytest.approx(step["grad_norm"], rel=10 * f32_tol.rel), run
+        _assert_same_update(
+            read_hf_state(checkpoints["qwen3-moe"]),
+            read_hf_state(trainer.export_hf(tmp_path / f"trained_tp1_{run}")),
+            read_hf_state(out / f"trained_{run}"),
+            f32_tol.rel,
+            run,
+        )
+
+
+def _assert_same_update(before, tp1, other, rel: float, run: str) -> None:
+    """The parallel run's updated weights are TP=1's: each differs by at most the rounding
+    of ``w + Δ`` on both sides (1 ulp of |w|, 2 with margin) plus ``rel`` of the largest
+    update (the float32 tolerance of a gradient computed in another order; the update is
+    linear in the gradient under MOE_TRAIN)."""
+    largest = max((tp1[k] - before[k]).abs().max().item() for k in tp1)
+    assert largest > 0, run
+    worst = max((other[k] - tp1[k]).abs().max().item() for k in tp1)
+    print(
+        f"{run}: max |parallel − TP=1| updated weights = {worst:.2e} (largest update {largest:.2e})"
+    )
+    for k in tp1:
+        torch.testing.assert_close(other[k], tp1[k], rtol=2**-22, atol=rel * largest, msg=k)

@@ -3,7 +3,8 @@
 megatron-core assumes CUDA in a handful of places: it asks for ``torch.cuda.current_device()``,
 creates scratch tensors with ``device="cuda"``, checks ``param.grad.type() ==
 'torch.cuda.FloatTensor'`` when clipping, calls ``torch.cuda.synchronize()`` around
-checkpoint writes, and keeps a CUDA RNG tracker. Each shim below replaces exactly one of
+checkpoint writes and ``torch.cuda.current_stream()`` in its gradient sync (0.19), and
+keeps a CUDA RNG tracker. Each shim below replaces exactly one of
 those assumptions, and everything is a no-op when CUDA is present, so the same trainer code
 runs on GPUs unchanged.
 
@@ -124,7 +125,27 @@ def apply_cpu_shims() -> None:
     # layer; with no CUDA generator there is nothing to keep (and dropout is 0 anyway).
     tp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
     tp_random._set_cuda_rng_state = lambda *args, **kwargs: None
+    # megatron-core 0.19's DDP asks for the current CUDA stream at every gradient sync (to
+    # wait for CUDA-graph events, which never exist on a CPU); without CUDA that call raises.
+    torch.cuda.current_stream = lambda device=None: _NO_STREAM  # type: ignore[assignment,return-value]
     _APPLIED = True
+
+
+class _NoStream:
+    """The "current stream" of a CPU process: CPU work is synchronous, so every wait on an
+    event or another stream is already satisfied."""
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+_NO_STREAM = _NoStream()
 
 
 def init_rng_tracker(seed: int) -> None:
@@ -165,3 +186,68 @@ def allow_moe_without_transformer_engine() -> None:
 
     if not hasattr(moe_utils, "te_general_gemm"):
         moe_utils.te_general_gemm = None  # type: ignore[attr-defined]
+
+
+def sequence_parallel_rms_norm_class() -> type:
+    """megatron-core's RMSNorm without apex or transformer-engine (``torch.nn.RMSNorm``),
+    accepted under sequence parallelism, which megatron's own torch wrapper refuses.
+
+    Under sequence parallelism each TP rank normalises its own slice of the tokens, so the
+    weight's gradient is that slice's share: marking the weight ``sequence_parallel`` makes
+    megatron's ``finalize_model_grads`` sum it over the TP group (as for its fused norms).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> norm = sequence_parallel_rms_norm_class()(
+        ...     SimpleNamespace(sequence_parallel=True), hidden_size=4, eps=1e-6)
+        >>> norm.weight.sequence_parallel, type(norm).__mro__[1].__name__
+        (True, 'RMSNorm')
+    """
+    global _SP_NORM
+    if _SP_NORM is None:
+
+        class SequenceParallelRMSNorm(torch.nn.RMSNorm):
+            def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any):
+                super().__init__(hidden_size, eps=eps)
+                self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
+
+        _SP_NORM = SequenceParallelRMSNorm
+    return _SP_NORM
+
+
+_SP_NORM: type | None = None
+
+
+def allow_sequence_parallel_norms(spec: Any) -> None:
+    """In place: every megatron torch-norm wrapper in a layer or block spec becomes
+    :func:`sequence_parallel_rms_norm_class` (the same ``torch.nn.RMSNorm`` numerics); fused
+    norms (apex, transformer-engine), which support sequence parallelism, are kept.
+
+    Example:
+        >>> from megatron.core.transformer.spec_utils import ModuleSpec
+        >>> from megatron.core.transformer.torch_norm import WrappedTorchNorm
+        >>> spec = ModuleSpec(module=WrappedTorchNorm)
+        >>> allow_sequence_parallel_norms(spec)
+        >>> spec.module.__name__
+        'SequenceParallelRMSNorm'
+    """
+    import dataclasses
+
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    norm = sequence_parallel_rms_norm_class()
+    todo, seen = [spec], set()
+    while todo:  # the spec tree: dataclasses (ModuleSpec, *Submodules) and lists of them
+        node = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, list | tuple):
+            todo.extend(node)
+        elif dataclasses.is_dataclass(node) and not isinstance(node, type):
+            for field in dataclasses.fields(node):
+                value = getattr(node, field.name)
+                if value is WrappedTorchNorm:
+                    setattr(node, field.name, norm)
+                else:
+                    todo.append(value)

@@ -155,8 +155,7 @@ class Critic(Trainer):
     def _values(self, mb: MicroBatch, hidden: torch.Tensor) -> torch.Tensor:
         """``[B, S-1]`` float32 values: column t is V read at position t (it predicts
         token t + 1); 0 on padding."""
-        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source_index)
-        v = self.module.value_head(h).squeeze(-1).float()
+        v = self.module.value_head(self._target_hidden(hidden, mb)).squeeze(-1).float()
         block = torch.zeros(mb.valid.shape, dtype=v.dtype, device=v.device)
         return block.masked_scatter(mb.valid.bool(), v)
 

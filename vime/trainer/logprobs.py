@@ -61,6 +61,25 @@ def _tp_group_and_rank() -> tuple[Any, int, int]:
     )
 
 
+def gather_sequence_parallel(hidden: torch.Tensor, sequence_parallel: bool) -> torch.Tensor:
+    """The whole sequence of Megatron's ``[s / tp, b, h]`` output under sequence parallelism
+    (``hidden`` itself otherwise), replicated on every TP rank.
+
+    Its backward keeps this rank's slice of the gradient: the consumers treat the result as
+    replicated (:func:`token_logprobs` sums its vocab-parallel gradient over TP itself; a
+    value head's gradient is whole on every rank).
+
+    Example:
+        >>> gather_sequence_parallel(torch.ones(4, 1, 2), sequence_parallel=False).shape
+        torch.Size([4, 1, 2])
+    """
+    if not sequence_parallel:
+        return hidden
+    from megatron.core.tensor_parallel.mappings import gather_from_sequence_parallel_region
+
+    return gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+
+
 def _sum_over_tp(t: torch.Tensor, group: Any, tp: int) -> torch.Tensor:
     """All-reduce sum whose backward is the identity (every rank computes the same loss)."""
     if tp == 1:

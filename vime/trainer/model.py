@@ -336,6 +336,10 @@ def megatron_config_from_hf(
         use_cpu_initialization=True,
         # Per-token loss normalisation is done by vime's losses (see vime.trainer.losses).
         calculate_per_token_loss=True,
+        # megatron-core's MoE layer trains at TP > 1 only with sequence parallelism (each TP
+        # rank holds 1/tp of the tokens between the layers' parallel linears); dense models
+        # keep replicated activations.
+        sequence_parallel=tp > 1 and bool(spec.num_experts),
         **recompute_args,
         **_moe_config(spec),
     )
@@ -379,8 +383,10 @@ def _policy_model_class() -> type:
         """A ``GPTModel`` that can return final (normed) hidden states instead of logits.
 
         With ``return_hidden=True`` the last pipeline stage returns ``[seq, batch, hidden]``
-        after the final RMSNorm, and :meth:`output_weight` gives this TP rank's vocab slice
-        of the output projection, so log-probs can be computed chunk by chunk.
+        after the final RMSNorm (``[seq / tp, …]`` under sequence parallelism, see
+        :func:`vime.trainer.logprobs.gather_sequence_parallel`), and :meth:`output_weight`
+        gives this TP rank's vocab slice of the output projection, so log-probs can be
+        computed chunk by chunk.
         """
 
         return_hidden: bool = False
@@ -393,20 +399,6 @@ def _policy_model_class() -> type:
             if self.post_process and kwargs.get("labels") is None and spec is not None:
                 out = softcap(out, spec.logit_softcap)  # Gemma 2's final logit cap
             return out
-
-        def train(self, mode: bool = True):  # type: ignore[override]
-            # megatron-core's MoE layer refuses a training forward at TP > 1 without
-            # sequence parallelism (a ValueError mid-step), which vime does not enable; its
-            # eval forward is fine. Refused here, at the start of a step, with the fix.
-            spec = getattr(self, "hf_spec", None)
-            tp = self.config.tensor_model_parallel_size
-            if mode and spec is not None and spec.num_experts and tp > 1:
-                raise UnsupportedArchitectureError(
-                    f"num_experts={spec.num_experts} with placement.tp={tp}: training an MoE model needs "
-                    "tp=1 (megatron-core needs sequence parallelism for MoE at TP > 1, "
-                    "which vime does not enable); log-probs and export work at any tp"
-                )
-            return super().train(mode)
 
         def output_weight(self) -> torch.Tensor:
             """This rank's ``[vocab / tp, hidden]`` output projection (shared if tied)."""
@@ -511,6 +503,10 @@ def _layer_spec(config: Any, spec: ModelSpec, attention: str) -> Any:
             qk_layernorm=spec.qk_norm, normalization="RMSNorm"
         )
         layers = [block]
+    if config.sequence_parallel:
+        from vime.trainer.compat import allow_sequence_parallel_norms
+
+        allow_sequence_parallel_norms(block)
     if attention == "sdpa":
         from vime.trainer.attention import sdpa_core_attention_class
 

@@ -42,7 +42,7 @@ from vime.trainer import checkpoint as ckpt
 from vime.trainer.batching import MicroBatch, balance_by_tokens, collate, pack_indices
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
 from vime.trainer.hf import export_hf, load_hf_weights
-from vime.trainer.logprobs import token_logprobs
+from vime.trainer.logprobs import gather_sequence_parallel, token_logprobs
 from vime.trainer.losses import LossConfig, aggregate, denominator_from_counts, policy_loss
 from vime.trainer.model import ATTENTION_BACKENDS, RECOMPUTE_MODES, build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
@@ -280,6 +280,8 @@ class Trainer:
         groups = pack_indices(lengths, self.config.micro_batch_tokens, packed=packed)
         # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
         mask = self.config.attention == "megatron"
+        # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
+        pad_to = self.parallel.tp if self.mcore_config.sequence_parallel else 1
         return [
             _to_device(
                 collate(
@@ -288,18 +290,25 @@ class Trainer:
                     old_logprobs=old_logprobs,
                     causal_mask=mask,
                     packed=packed,
+                    pad_to=pad_to,
                 ),
                 self.device,
             )
             for g in groups
         ]
 
+    def _target_hidden(self, hidden: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
+        """``[N, H]``: the final hidden state at each position that predicts a real target
+        (the whole sequence, gathered from the TP ranks under sequence parallelism)."""
+        hidden = gather_sequence_parallel(hidden, self.mcore_config.sequence_parallel)
+        return hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source_index)
+
     def _token_logprobs(self, hidden: torch.Tensor, mb: MicroBatch, with_entropy: bool):
         """``[B, S-1]`` log-probs (and entropies) of the micro-batch's targets.
 
         Only real targets are computed (padding and the last token of each packed sample
         predict nothing); the rest of the block is 0."""
-        h = hidden.reshape(-1, hidden.shape[-1]).index_select(0, mb.source_index)
+        h = self._target_hidden(hidden, mb)
         real = mb.valid.bool()
         lp, ent = token_logprobs(
             h,
