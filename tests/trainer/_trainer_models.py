@@ -126,6 +126,16 @@ def _gemma_config(family: str, common: dict[str, Any]) -> Any:
     raise ValueError(family)
 
 
+def hf_model(folder: Path) -> Any:
+    """The transformers model of ``folder`` in float32. Gemma 2 in eager attention: the
+    default SDPA path of transformers skips its attention soft-capping (vLLM applies it)."""
+    import transformers as tf
+
+    config = tf.AutoConfig.from_pretrained(folder)
+    eager = {"attn_implementation": "eager"} if config.model_type == "gemma2" else {}
+    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **eager)
+
+
 def make_hf_checkpoint(
     family: str, folder: Path, *, tied: bool = False, vocab: int = 250, seed: int = 0
 ) -> Path:

@@ -9,13 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_models import hf_config, make_hf_checkpoint
+from _trainer_models import hf_config, hf_model, make_hf_checkpoint
 from _trainer_samples import random_samples
-from test_model_families import hf_model
 from test_trainer_hf import megatron_logits
 
 from vime.errors import UnsupportedArchitectureError
-from vime.trainer.hf import load_hf_weights
+from vime.trainer.hf import load_hf_weights, read_hf_state
 from vime.trainer.logprobs import token_logprobs
 from vime.trainer.model import build_gpt_model, model_spec_from_hf
 from vime.trainer.step import Trainer, TrainerConfig
@@ -106,6 +105,23 @@ def test_padded_and_packed_logprobs_and_step_match(family, gemma_checkpoints, di
     after = packed.compute_logprobs(samples)
     assert max_abs_diff(after, padded.compute_logprobs(samples)) <= 1e-5
     assert max_abs_diff(after, ref) > 1e-4  # the step moved the weights
+
+
+def test_checkpoint_resume_and_export_after_a_step(gemma_checkpoints, dist1, tmp_path):
+    """A trained Gemma 2 step saved as a Megatron checkpoint (every norm, the sandwich
+    ones included) resumes in a fresh trainer, whose export equals the trainer's."""
+    folder = gemma_checkpoints["gemma2"]
+    samples = random_samples(4, 250, seed=5, min_len=30, max_len=60)
+    cfg = TrainerConfig(lr=1e-3)
+    trainer = Trainer(folder, cfg)
+    trainer.train_step(samples)
+    trainer.save_checkpoint(tmp_path / "ckpt")
+    resumed = Trainer(folder, cfg)
+    assert resumed.load_checkpoint(tmp_path / "ckpt") == 1
+    a = read_hf_state(trainer.export_hf(tmp_path / "a"))
+    b = read_hf_state(resumed.export_hf(tmp_path / "b"))
+    assert sorted(a) == sorted(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert not torch.equal(a["model.norm.weight"], read_hf_state(folder)["model.norm.weight"])
 
 
 def test_chunked_logprobs_apply_the_final_softcap_forward_and_backward():

@@ -9,20 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_models import REAL_SHAPED, hf_config, make_hf_checkpoint
+from _trainer_models import REAL_SHAPED, hf_config, hf_model, make_hf_checkpoint
 from test_trainer_hf import megatron_logits
 
 from vime.errors import UnsupportedArchitectureError
 from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
 from vime.trainer.model import build_gpt_model, model_spec_from_hf
-
-
-def hf_model(folder):
-    """The transformers model of ``folder`` in float32. Gemma 2 in eager attention: the
-    default SDPA path of transformers skips its attention soft-capping (vLLM applies it)."""
-    config = tf.AutoConfig.from_pretrained(folder)
-    eager = {"attn_implementation": "eager"} if config.model_type == "gemma2" else {}
-    return tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **eager)
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from functools import partial
@@ -202,6 +203,22 @@ class GemmaRMSNorm(torch.nn.Module):
         # Megatron all-reduces the gradients of norms marked so under sequence parallelism.
         self.weight.sequence_parallel = bool(config.sequence_parallel)  # type: ignore[attr-defined]
 
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+    ) -> dict[str, Any]:
+        """The weight as a checkpoint tensor replicated over TP and DP (megatron-core's MLP
+        asks each child for this; its default does the same for torch's own norms)."""
+        from megatron.core.transformer.utils import (
+            ensure_metadata_has_dp_cp_group,
+            make_sharded_tensors_for_checkpoint,
+        )
+
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        state = self.state_dict(prefix="", keep_vars=True)
+        return make_sharded_tensors_for_checkpoint(
+            state, prefix, {}, sharded_offsets, dp_cp_group=metadata["dp_cp_group"]
+        )
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = x.float()
         out = out * torch.rsqrt(out.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -289,6 +306,20 @@ def _layer_spec(spec: Any, index: int, classes: tuple[type, type]) -> Any:
     return layer
 
 
+def _quiet_gemma_mlp_warning() -> None:
+    """megatron-core's TransformerLayer passes its TP group only to an MLP whose class is
+    exactly ``MLP`` and logs "Unknown MLP type" for each other layer: GemmaMLP then takes the
+    default TP group, which is the same group. Drop that one message."""
+    log = logging.getLogger("megatron.core.transformer.transformer_layer")
+    if not any(isinstance(f, _DropUnknownMLP) for f in log.filters):
+        log.addFilter(_DropUnknownMLP())
+
+
+class _DropUnknownMLP(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "Unknown MLP type" not in record.getMessage()
+
+
 def gemma_block_spec(config: Any, spec: Any) -> Any:
     """megatron-core's block spec for this pipeline stage's Gemma layers (local spec, vime's
     SDPA core attention, Gemma norms, one layer spec per layer: local or global).
@@ -302,6 +333,7 @@ def gemma_block_spec(config: Any, spec: Any) -> Any:
     )
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
+    _quiet_gemma_mlp_warning()
     classes = _attention_classes()
     offset = get_transformer_layer_offset(config)
     count = get_num_layers_to_build(config)
