@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))  # the real-shaped configs
 
 # The families of the table, in its order (names of tests/trainer/_trainer_models.py).
-FAMILIES = ("llama3", "qwen2.5", "qwen3", "mistral", "qwen3-moe")
+FAMILIES = ("llama3", "qwen2.5", "qwen3", "mistral", "qwen3-moe", "gemma2", "gemma3")
 DOC = ROOT / "docs" / "models.md"
 BEGIN = "<!-- model_parity: begin (bench/model_parity.py --write) -->"
 END = "<!-- model_parity: end -->"
@@ -68,7 +68,7 @@ def build_family(family: str, folder: Path) -> Path:
 def hf_logits_diff(folder: Path) -> float:
     """Max |Megatron − transformers| logits over 2 × 200 random tokens (TP=1, float32)."""
     import torch
-    import transformers as tf
+    from _trainer_models import hf_model
 
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import load_hf_weights
@@ -77,7 +77,7 @@ def hf_logits_diff(folder: Path) -> float:
 
     init_distributed(tp=1, pp=1)
     init_rng_tracker(0)
-    hf = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    hf = hf_model(folder)  # Gemma 2: eager attention, which applies its soft-capping
     model = build_gpt_model(hf.config)
     load_hf_weights(model, folder)
     vocab = hf.config.vocab_size
