@@ -57,11 +57,20 @@ class SamplingParams:
         0.7
     """
 
+    # Softmax temperature of each request; 0 = greedy. In training it must equal
+    # trainer.temperature (checked at start); the RL loop's evaluation samples at 0.
     temperature: float = 1.0
+    # Nucleus sampling: only the most likely tokens whose probabilities sum to top_p (1 =
+    # all). The trainer's log-probs are of the whole distribution: below 1 they differ
+    # from the rollouts' (train/train_rollout_logprob_abs_diff), as with top_k.
     top_p: float = 1.0
-    top_k: int = -1
+    top_k: int = -1  # only the k most likely tokens; -1 (any value <= 0) = all
+    # Tokens one turn may sample, lowered to what is left of collector.max_model_len.
     max_tokens: int = 256
-    stop: list[str] = field(default_factory=list)
+    stop: list[str] = field(default_factory=list)  # strings that end a turn (vLLM's stop)
+    # Sampling seed sent with each request (None: none). collector.seed, when set, replaces
+    # it with a seed per episode and turn; without it, every episode of a group (one
+    # prompt) gets the same seed, so vLLM draws the same random numbers for each.
     seed: int | None = None
     # Engine-specific request fields passed through as-is, e.g. vLLM's
     # {"structured_outputs": {"regex": ...}} or {"repetition_penalty": 1.1}.

@@ -122,9 +122,15 @@ class CollectorConfig:
     # Each turn's request is the template's own render; a template that rewrites history
     # (Qwen3) makes several training samples per episode (vime.agents.turn_samples).
     sample_per_turn: bool = False
+    # A turn cut by sampling.max_tokens (or by what is left of max_model_len) is the last:
+    # the env steps on it, then the episode ends truncated ("max_tokens" / "max_model_len",
+    # what rollout.overlong acts on). false: the cut text is a turn like any other.
     truncate_on_max_tokens: bool = True
     seed: int | None = None  # set: env seeds and per-request sampling seeds are derived from it
+    # Keyword arguments of the tokenizer's apply_chat_template at every render of an episode,
+    # e.g. {enable_thinking: false} for Qwen3 (the warm start renders without them).
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    # A live line per collection: episodes done, sampled tokens/s, mean reward, failed.
     progress: bool = True
     # gc.freeze() while collecting (gc.unfreeze() after): the objects alive before (torch,
     # transformers: ~400k of them) leave the collector's generations, so the full GC

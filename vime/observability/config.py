@@ -34,6 +34,8 @@ class MetricsConfig:
 
     tensorboard: bool = False
     wandb: str = "false"
+    # The W&B project the run logs to (metrics.wandb offline or online); the W&B run is
+    # named and keyed by the run folder, so a resumed run logs into the same W&B run.
     wandb_project: str = "vime"
     page: bool = True
 

@@ -70,7 +70,8 @@ class EnvConfig:
     (``module:function`` called as ``function(n=..., seed=...)``).
     """
 
-    id: str = "vime/Math-v0"
+    id: str = "vime/Math-v0"  # the vime.make id of every episode (vime-agent envs lists them)
+    # vime.make(env.id, **kwargs) for training, eval and warm-start episodes (max_turns, ...)
     kwargs: dict[str, Any] = field(default_factory=dict)
     tasks: TaskSourceConfig = field(default_factory=TaskSourceConfig)
     builtin_tasks: str = "vime.suites.math.data:arithmetic_suite"
@@ -78,6 +79,8 @@ class EnvConfig:
     # env preset sets its own arguments.
     builtin_args: dict[str, Any] = field(default_factory=dict)
     eval_tasks: str = ""  # a .jsonl/.parquet file; "" = the training tasks' source
+    # Tasks per evaluation (eval_every): the first N of eval_tasks, else of tasks.path, else
+    # of the generator's draw with seed tasks.seed + 1000003 (or its eval split); 0 = none.
     eval_size: int = 64
     # "module:function" giving a task's reference completion (text), used by the
     # supervised warm start; "" = the env has none (no warm start).
@@ -97,8 +100,9 @@ class EnvConfig:
 class ModelConfig:
     """The policy's starting checkpoint.
 
-    ``path`` empty means vime's tiny local model; ``warm_start_steps > 0`` first runs a
-    short supervised warm start on the env's demonstrations (cached by content).
+    ``path``: the HF folder (with its config.json) the policy starts from; empty means
+    vime's tiny local model, which the warm start (:mod:`vime.rl.warm_start`) first trains
+    on each training task played once with ``env.demonstrations``' answer.
     ``chat_template``: a bundled template (``chatml``, ``qwen3``, ``llama3``, ``mistral``) or
     a Jinja file, given to the tokenizer of the folder the run serves and trains, so that the
     collector, the evaluation and vLLM render with it; empty: the folder's own.
@@ -106,10 +110,12 @@ class ModelConfig:
 
     path: str = ""
     chat_template: str = ""
+    # SFT steps on the tiny model before RL (model=tiny: 400), cached by content in
+    # $VIME_CACHE_DIR/models (default .cache/models); 0 = none.
     warm_start_steps: int = 0
-    warm_start_batch: int = 64
-    warm_start_lr: float = 1e-3
-    warm_start_seed: int = 0
+    warm_start_batch: int = 64  # demonstrations per step, drawn without replacement
+    warm_start_lr: float = 1e-3  # Adam, linear warmup over 30 steps, then constant; clip 1.0
+    warm_start_seed: int = 0  # batch draws, trainer, tasks (generator seed: this + 7919)
 
     def __post_init__(self) -> None:
         require(self.warm_start_steps >= 0, "model.warm_start_steps", "must be >= 0")
@@ -126,10 +132,11 @@ class RolloutConfig:
     ``batch_size`` tasks per step, each sampled ``collector.n_samples`` times (a GRPO
     group). ``oversample`` > 1 draws more groups than needed so that ``filter_groups``
     (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
-    full batch. ``mode=async`` plays groups continuously while the trainer trains, at most
-    ``max_staleness`` weight versions ahead, and a step takes the first ``batch_size``
-    groups that finish (:mod:`vime.rl.stream`); samples older than ``max_staleness``
-    versions are dropped, the rest are corrected by TIS.
+    full batch. ``mode`` is ``sync`` (a step collects its batch under the current weights,
+    then trains) or ``async`` (needs ``placement.mode=split``): groups play continuously
+    while the trainer trains, at most ``max_staleness`` weight versions ahead, and a step
+    takes the first ``batch_size`` groups that finish (:mod:`vime.rl.stream`); samples older
+    than ``max_staleness`` versions are dropped, the rest are corrected by TIS.
     ``partial_rollouts`` (default): a weight sync that lands while requests are in flight
     aborts them, and each continues under the new weights from where it stopped, every
     token keeping the version that sampled it (:mod:`vime.agents.completion`); false:
@@ -150,6 +157,8 @@ class RolloutConfig:
     filter_groups: bool = True
     mode: str = "sync"
     max_staleness: int = 1
+    # advantage=grpo: centred rewards divided by the group's std (+1e-6); false: the mean
+    # baseline only (Dr.GRPO, trainer=dr_grpo). The other estimators take true only.
     normalize_std: bool = True
     engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
     max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
@@ -210,15 +219,26 @@ class TrainConfig:
     critic: CriticConfig = field(default_factory=CriticConfig)  # rollout.advantage=gae
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
     trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
+    # Optimizer steps of the policy; a resumed run goes on to this one. The last step is
+    # always checkpointed, and evaluated when eval_every and env.eval_size are > 0.
     steps: int = 40
     seed: int = 0
-    run_root: str = "runs"
-    name: str = ""
+    run_root: str = "runs"  # a new run's folder: <run_root>/<YYYYmmdd-HHMMSS>-<name>
+    name: str = ""  # run folder suffix, W&B run name; "" = the env's short name (math)
+    # A run folder to go on with: its newest complete checkpoint, its buffered steps after it,
+    # then new ones. The keys are this command's, not its config.yaml: repeat the overrides.
     resume: str = ""
+    # Every N steps, the last one and (new run) before step 1: env.eval_size held-out tasks,
+    # a greedy episode each (eval/* metrics, <run>/eval/step_NNNNNN/); 0 = never.
     eval_every: int = 10
+    # Checkpoint every N steps (<run>/checkpoints/step_NNNNNN, all kept); 0 = only the last
+    # step's (and on Ctrl-C the last completed step's), which are always saved.
     save_every: int = 10
+    # Weights to the engines each step: disk (HF export, reloaded; CPU or GPU), nccl (GPU
+    # broadcast; placement.mode=split) or ipc (CUDA IPC; placement.mode=colocated, pp=1);
+    # nccl and ipc need engine.device=cuda.
     sync: str = "disk"
-    plot: bool = True
+    plot: bool = True  # redraw <run>/reward.png (reward/mean, eval/reward) after each step
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "steps", "must be >= 1")
