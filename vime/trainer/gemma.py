@@ -1,10 +1,10 @@
-"""Gemma 2 and Gemma 3 (text) on megatron-core's GPT model, with modules of vime's own.
+"""Gemma 1, Gemma 2 and Gemma 3 (text) on megatron-core's GPT model, with modules of vime's own.
 
 What megatron-core's GPT layer lacks, and what this module gives it:
 
 - :class:`GemmaRMSNorm`: RMSNorm as ``x · (1 + w)`` (the stored weight is ``w``, so the
   HF tensors map unchanged and export bit for bit), in float32 as transformers does;
-- sandwich norms: :class:`GemmaSelfAttention` and :class:`GemmaMLP` normalise their
+- sandwich norms (Gemma 2/3): :class:`GemmaSelfAttention` and :class:`GemmaMLP` normalise their
   outputs (``post_attention_layernorm``, ``post_feedforward_layernorm``) before the residual
   add; ``pre_feedforward_layernorm`` is Megatron's ``pre_mlp_layernorm``;
 - Gemma 3's second rotary base (``rope_parameters.sliding_attention``): the local layers'
@@ -35,8 +35,8 @@ import torch
 
 from vime.errors import UnsupportedArchitectureError
 
-# model_type -> HF class; "gemma" (1) and the multimodal "gemma3" wrapper are refused.
-GEMMA_SUPPORTED = ("gemma2", "gemma3_text")
+# The multimodal "gemma3" wrapper is refused.
+GEMMA_SUPPORTED = ("gemma", "gemma2", "gemma3_text")
 LAYER_TYPES = ("sliding_attention", "full_attention")
 
 
@@ -51,6 +51,7 @@ class GemmaSpec:
     local_rope_theta: float | None = None  # Gemma 3: the sliding layers' own base
     attn_softcap: float | None = None
     final_softcap: float | None = None
+    sandwich_norms: bool = True  # Gemma 2/3; Gemma 1 normalises sublayer inputs only
 
     @property
     def softmax_scale(self) -> float:
@@ -82,7 +83,7 @@ def _ropes(cfg: Any) -> tuple[float, float | None]:
     """``(global base, local base or None)`` from Gemma 2's single or Gemma 3's per-layer-type
     ``rope_parameters`` (transformers 5; older configs: ``rope_theta``, ``rope_local_base_freq``)."""
     params = dict(getattr(cfg, "rope_parameters", None) or {})
-    if cfg.model_type == "gemma2":
+    if cfg.model_type in ("gemma", "gemma2"):
         params.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
         return _default_rope(params, "rope_parameters"), None
     full = dict(params.get("full_attention") or {"rope_theta": getattr(cfg, "rope_theta", 1e6)})
@@ -127,13 +128,13 @@ def gemma_spec_from_hf(cfg: Any) -> GemmaSpec:
             "Gemma3ForCausalLM, e.g. Gemma-3-1B) is supported",
         )
     if family not in GEMMA_SUPPORTED:
-        raise _refuse(
-            f"model_type={family!r} (Gemma 1)",
-            "not mapped: supported Gemma types are gemma2 and gemma3_text",
-        )
+        raise _refuse(f"model_type={family!r}", f"supported Gemma types: {GEMMA_SUPPORTED}")
+    # vLLM reads hidden_activation where set, transformers hidden_act (Gemma 1's legacy
+    # "gelu" becomes the tanh approximation in both): both must be the tanh GeLU.
     act = getattr(cfg, "hidden_activation", None) or getattr(cfg, "hidden_act", None)
     if act != "gelu_pytorch_tanh":
-        raise _refuse(f"hidden_activation={act!r}", "only 'gelu_pytorch_tanh' is mapped")
+        field = "hidden_activation" if getattr(cfg, "hidden_activation", None) else "hidden_act"
+        raise _refuse(f"{field}={act!r}", "only 'gelu_pytorch_tanh' is mapped")
     if getattr(cfg, "attention_bias", False):
         raise _refuse("attention_bias=True", "Gemma's biases (o_proj included) are not mapped")
     if getattr(cfg, "use_bidirectional_attention", False):
@@ -142,14 +143,17 @@ def gemma_spec_from_hf(cfg: Any) -> GemmaSpec:
         )
     theta, local_theta = _ropes(cfg)
     window, sliding = _sliding_layers(cfg)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return GemmaSpec(
         rope_theta=theta,
-        query_pre_attn_scalar=float(cfg.query_pre_attn_scalar),
+        # Gemma 1 scales by head_dim ** -0.5 (it has no query_pre_attn_scalar).
+        query_pre_attn_scalar=float(getattr(cfg, "query_pre_attn_scalar", None) or head_dim),
         sliding_window=window,
         sliding_layers=sliding,
         local_rope_theta=local_theta,
         attn_softcap=_optional_float(getattr(cfg, "attn_logit_softcapping", None)),
         final_softcap=_optional_float(getattr(cfg, "final_logit_softcapping", None)),
+        sandwich_norms=family != "gemma",
     )
 
 
@@ -289,11 +293,13 @@ def _layer_spec(spec: Any, index: int, classes: tuple[type, type]) -> Any:
     sliding = g.sliding_layers[index]
     sub.input_layernorm = sub.pre_mlp_layernorm = GemmaRMSNorm
     attn = sub.self_attention
-    sub.self_attention = ModuleSpec(
-        module=attention_class,
-        params={**attn.params, "rope_theta": g.local_rope_theta if sliding else None},
-        submodules=attn.submodules,
-    )
+    if g.sandwich_norms:
+        sub.self_attention = ModuleSpec(
+            module=attention_class,
+            params={**attn.params, "rope_theta": g.local_rope_theta if sliding else None},
+            submodules=attn.submodules,
+        )
+        sub.mlp = ModuleSpec(module=mlp_class, submodules=sub.mlp.submodules)
     # megatron-core calls core_attention itself (no ModuleSpec): a partial carries the params.
     attn.submodules.core_attention = partial(
         sdpa_core_attention_class(),
@@ -302,7 +308,6 @@ def _layer_spec(spec: Any, index: int, classes: tuple[type, type]) -> Any:
     )
     if spec.qk_norm:
         attn.submodules.q_layernorm = attn.submodules.k_layernorm = GemmaRMSNorm
-    sub.mlp = ModuleSpec(module=mlp_class, submodules=sub.mlp.submodules)
     return layer
 
 

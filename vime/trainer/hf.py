@@ -103,14 +103,15 @@ def _layer_maps(m: str, i: int, spec: ModelSpec, experts: range) -> list[_Map]:
     h = f"model.layers.{i}."
     att = h + "self_attn."
     # Gemma 2/3's sandwich norms: HF's post_attention_layernorm normalises the attention
-    # output (elsewhere it is the MLP's input norm) and pre_feedforward_layernorm the MLP input.
+    # output (elsewhere, Gemma 1 too, it is the MLP's input norm) and pre_feedforward_layernorm
+    # the MLP input.
     norms = (
         [
             ("self_attention.post_layernorm", "post_attention_layernorm"),
             ("pre_mlp_layernorm", "pre_feedforward_layernorm"),
             ("mlp.post_layernorm", "post_feedforward_layernorm"),
         ]
-        if spec.gemma
+        if spec.gemma and spec.gemma.sandwich_norms
         else [("pre_mlp_layernorm", "post_attention_layernorm")]
     )
     maps = [

@@ -1,5 +1,5 @@
 """Megatron-core GPT models built from Hugging Face configs (Llama 2/3.x, Mistral, Qwen2/2.5,
-Qwen3, Qwen3-MoE, Gemma 2, Gemma 3 text: its pieces in :mod:`vime.trainer.gemma`).
+Qwen3, Qwen3-MoE, Gemma 1/2, Gemma 3 text: its pieces in :mod:`vime.trainer.gemma`).
 
 :func:`model_spec_from_hf` reads an HF config into a small :class:`ModelSpec` (and refuses
 what cannot be mapped exactly); :func:`megatron_config_from_hf` turns it into a Megatron
@@ -33,8 +33,17 @@ from vime.trainer.gemma import (
     softcap,
 )
 
-SUPPORTED_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "gemma2", "gemma3_text")
-# Gemma 1 and the multimodal Gemma 3 are refused by gemma_spec_from_hf, naming the reason.
+SUPPORTED_FAMILIES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "gemma",
+    "gemma2",
+    "gemma3_text",
+)
+# The multimodal Gemma 3 is refused by gemma_spec_from_hf, naming the reason.
 GEMMA_FAMILIES = ("gemma", "gemma2", "gemma3_text", "gemma3")
 # Llama 3.x rope scaling: megatron-core's RotaryEmbedding takes only the factor and fixes
 # the other three parameters to these values (those of every published Llama 3.1/3.2/3.3).
