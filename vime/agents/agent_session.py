@@ -2,7 +2,9 @@
 
 An agent program (the ``openai`` SDK, any framework) sends chat-completions requests
 holding the whole conversation each time. :class:`AgentSession` turns them into one
-:class:`~vime.agents.chat_tokens.ChatTokens`:
+:class:`~vime.agents.chat_tokens.ChatTokens` (or, with ``endpoint.sample_per_turn``, a
+:class:`~vime.agents.turn_samples.TurnChatTokens`, where each request is the template's
+own render of the conversation and may start a new training sample), as the collector does:
 
 - the first request's messages and tools are rendered once (the prompt, loss_mask 0);
 - each reply is sampled by vLLM from token ids and appended verbatim (loss_mask 1, with
@@ -33,6 +35,7 @@ from typing import Any
 from vime.agents.chat_tokens import ChatTokens
 from vime.agents.policy_client import Completion
 from vime.agents.tool_parsers import ToolParser
+from vime.agents.turn_samples import ChatSettings, new_chat
 from vime.types import Action, Message
 
 _HERMES_BLOCK = re.compile(r"\s*<tool_call>.*?</tool_call>\s*", re.DOTALL)
@@ -123,20 +126,23 @@ def visible_content(text: str, action: Action, parser: str) -> str:
 class AgentSession:
     """The conversation state of one session (see the module docstring).
 
+    ``settings`` (an :class:`~vime.agents.endpoint.EndpointConfig`) say how the
+    conversation becomes tokens, as the collector's config does for its episodes.
+
     Example:
         >>> from transformers import AutoTokenizer
+        >>> from vime.agents.endpoint import EndpointConfig
         >>> from vime.models.tiny import build_tiny_model
-        >>> s = AgentSession(AutoTokenizer.from_pretrained(build_tiny_model()), "s1")
-        >>> s.prepare([{"role": "user", "content": "Hi"}], None) == s.chat.tokens
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+        >>> s = AgentSession(tok, "s1", EndpointConfig(sample_per_turn=True))
+        >>> s.prepare([{"role": "user", "content": "Hi"}], None) == s.chat.request
         True
     """
 
-    def __init__(
-        self, tokenizer: Any, session_id: str, *, on_template_mismatch: str = "keep_history"
-    ) -> None:
+    def __init__(self, tokenizer: Any, session_id: str, settings: ChatSettings) -> None:
         self.tokenizer = tokenizer
         self.session_id = session_id
-        self.on_template_mismatch = on_template_mismatch
+        self.settings = settings
         self.chat: ChatTokens | None = None
         self.tools: list[dict[str, Any]] | None = None
         self.conversation: list[Message] = []  # the agent's view: its messages + our replies
@@ -150,7 +156,9 @@ class AgentSession:
         Example:
             >>> from transformers import AutoTokenizer
             >>> from vime.models.tiny import build_tiny_model
-            >>> s = AgentSession(AutoTokenizer.from_pretrained(build_tiny_model()), "s1")
+            >>> from vime.agents.endpoint import EndpointConfig
+            >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+            >>> s = AgentSession(tok, "s1", EndpointConfig())
             >>> s.repeats([{"role": "user", "content": "Hi"}], None)
             False
         """
@@ -166,32 +174,27 @@ class AgentSession:
     ) -> list[int] | None:
         """Check a request against the conversation and append its new messages.
 
-        Returns the prompt ids to sample from, or None when they would exceed ``budget``
-        (nothing appended). Raises :class:`ConversationError` for a request that does not
+        Returns the prompt ids to sample from (the chat's ``request``), or None when they
+        would exceed ``budget`` (nothing appended). Raises :class:`ConversationError` for a request that does not
         continue the conversation.
         """
         if not isinstance(messages, list) or not messages:
             raise ConversationError("messages", "must be a non-empty list of chat messages")
         asked = [_normalized(m) for m in messages]
         if self.chat is None:
-            chat = ChatTokens(
-                self.tokenizer,
-                asked,
-                tools=tools,
-                env_id=f"session {self.session_id}",
-                on_template_mismatch=self.on_template_mismatch,
-            )
-            if budget is not None and len(chat.tokens) >= budget:
+            env_id = f"session {self.session_id}"
+            chat = new_chat(self.tokenizer, asked, self.settings, tools, env_id)
+            if budget is not None and len(chat.request) >= budget:
                 return None
             self.chat, self.tools, self.conversation = chat, tools or None, asked
             self._last_asked = asked
-            return chat.tokens
+            return chat.request
         self._check_continues(asked, tools)
         new = asked[len(self.conversation) :]
         if not self.chat.add_messages(new, max_total=budget):
             return None
         self.conversation = self._last_asked = asked
-        return self.chat.tokens
+        return self.chat.request
 
     def _check_continues(self, asked: list[Message], tools: list[dict[str, Any]] | None) -> None:
         if (tools or None) != self.tools:

@@ -57,11 +57,11 @@ from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from typing import Any
 
-from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES
 from vime.agents.episode import EnvFactory, EpisodeContext, EpisodeRun
 from vime.agents.policy_client import EngineUnavailableError, PolicyClient
 from vime.agents.progress import CollectProgress
 from vime.agents.tool_parsers import PARSERS, get_parser
+from vime.agents.turn_samples import check_template_keys
 from vime.config import require, require_choice
 from vime.errors import EnvError
 from vime.observability.trace import TRACE
@@ -153,15 +153,7 @@ class CollectorConfig:
         require(self.env_workers >= 0, "collector.env_workers", "must be >= 0 (0 = concurrency)")
         require_choice(self.tool_parser, "collector.tool_parser", PARSERS)
         require_choice(self.tool_parse_errors, "collector.tool_parse_errors", ["observe", "env"])
-        require_choice(
-            self.on_template_mismatch, "collector.on_template_mismatch", TEMPLATE_MISMATCH_MODES
-        )
-        require(
-            not self.sample_per_turn or self.on_template_mismatch == "keep_history",
-            "collector.on_template_mismatch",
-            "has no effect with collector.sample_per_turn=true (every request is the "
-            "template's own render, so nothing can mismatch); leave it at keep_history",
-        )
+        check_template_keys("collector", self.on_template_mismatch, self.sample_per_turn)
 
 
 class Collector:

@@ -44,13 +44,13 @@ from typing import Any
 from aiohttp import web
 
 from vime.agents.agent_session import AgentSession, ConversationError, completion_body
-from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES
 from vime.agents.collector import check_task, env_factory
 from vime.agents.episode import (
     ENGINE_ABORTED,
     ENGINE_UNAVAILABLE,
     Ending,
     EnvFactory,
+    close_chat,
     close_quietly,
     finish_env,
     start_env,
@@ -59,6 +59,7 @@ from vime.agents.episode import (
 )
 from vime.agents.policy_client import ContextLengthError, EngineUnavailableError, PolicyClient
 from vime.agents.tool_parsers import PARSERS, get_parser
+from vime.agents.turn_samples import chat_fields, check_template_keys
 from vime.config import require, require_choice
 from vime.errors import EngineError, TemplateError
 from vime.types import Episode, EpisodeStatus, Message, SamplingParams, Turn
@@ -68,7 +69,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class EndpointConfig:
-    """How the endpoint samples, bounds and serves sessions.
+    """How the endpoint samples, bounds, tokenizes and serves sessions.
+
+    ``on_template_mismatch``, ``sample_per_turn`` and ``chat_template_kwargs`` are the
+    collector's keys of the same names (``rollout.collector.*``), checked by the same
+    code: a session becomes tokens exactly as a collected episode does.
 
     Example:
         >>> EndpointConfig(max_turns=4).tool_parser
@@ -80,6 +85,11 @@ class EndpointConfig:
     max_turns: int = 16  # replies per session
     tool_parser: str = "hermes"  # see vime.agents.tool_parsers.PARSERS
     on_template_mismatch: str = "keep_history"  # see vime.agents.chat_tokens
+    # Each request is the template's own render; a template that rewrites history (Qwen3)
+    # makes several training samples per session (vime.agents.turn_samples).
+    sample_per_turn: bool = False
+    # Keywords for every render of the chat template (Qwen3's enable_thinking: false).
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     agent_timeout_s: float = 600.0  # the agent process's wall time in run()
     env_timeout_s: float = 300.0  # per env reset / grading step
     # Set: each reply's sampling seed is derived from it, the task id, the episode's index
@@ -94,9 +104,7 @@ class EndpointConfig:
         require(self.max_model_len >= 2, "endpoint.max_model_len", "must be >= 2")
         require(self.max_turns >= 1, "endpoint.max_turns", "must be >= 1")
         require_choice(self.tool_parser, "endpoint.tool_parser", PARSERS)
-        require_choice(
-            self.on_template_mismatch, "endpoint.on_template_mismatch", TEMPLATE_MISMATCH_MODES
-        )
+        check_template_keys("endpoint", self.on_template_mismatch, self.sample_per_turn)
         require(self.agent_timeout_s > 0, "endpoint.agent_timeout_s", "must be > 0 seconds")
         require(self.env_timeout_s > 0, "endpoint.env_timeout_s", "must be > 0 seconds")
 
@@ -229,9 +237,7 @@ class AgentEndpoint:
                 asyncio.get_running_loop().run_in_executor(None, close_quietly, box[0])
             raise
         sid = uuid.uuid4().hex
-        session = AgentSession(
-            self.tokenizer, sid, on_template_mismatch=self.config.on_template_mismatch
-        )
+        session = AgentSession(self.tokenizer, sid, self.config)
         env_id = str(getattr(box[0], "env_id", "") or type(box[0]).__name__)
         group = group or f"{task['id']}:{sid[:8]}"
         self._sessions[sid] = _Live(session, box[0], env_id, task, index, group)
@@ -248,12 +254,7 @@ class AgentEndpoint:
             raise KeyError(f"no open session {session_id!r} (closed already, or never opened)")
         async with live.lock:
             final, reward, metrics = await self._settle(live, live.ending or ending)
-            if live.session.chat is not None:
-                try:
-                    live.session.chat.close()
-                except TemplateError as err:  # on_template_mismatch="error"
-                    if final.status is not EpisodeStatus.ERROR:
-                        final = Ending(EpisodeStatus.ERROR, f"template error: {err}")
+            final = close_chat(live.session.chat, final)  # on_template_mismatch="error"
             self.client.release(session_id)
         return _episode(live, final, reward, metrics)
 
@@ -476,26 +477,21 @@ def _task_prompt(messages: list[Message]) -> str:
 
 def _episode(live: _Live, ending: Ending, reward: float, metrics: dict[str, float]) -> Episode:
     """The finished session as an :class:`Episode` (empty token fields if it never started)."""
-    chat = live.session.chat
     timings = {**live.timings, "total_s": time.perf_counter() - live.t_start}
     metrics = {**metrics, "turns": float(len(live.turns))}
+    metadata = {"server": live.server, "own_agent": True, "tools": live.session.tools}
     return Episode(
         task_id=str(live.task["id"]),
         env_id=live.env_id,
-        tokens=chat.tokens if chat else [],
-        loss_mask=chat.loss_mask if chat else [],
-        rollout_logprobs=chat.logprobs if chat else [],
-        weight_versions=chat.weight_versions if chat else [],
         reward=reward if reward == reward and abs(reward) != float("inf") else 0.0,
         status=ending.status,
         reason=ending.reason,
-        prompt_len=chat.prompt_len if chat else 0,
         group_id=live.group,
         sample_index=live.index,
         turns=live.turns,
         timings=timings,
-        messages=chat.messages if chat else [],
         metrics=metrics,
-        metadata={"server": live.server, "own_agent": True, "tools": live.session.tools},
+        metadata=metadata,
         uid=live.session.session_id,
+        **chat_fields(live.session.chat, metrics, metadata),
     )

@@ -43,7 +43,7 @@ from vime.agents.policy_client import (
     PolicyClient,
 )
 from vime.agents.tool_parsers import ToolParser
-from vime.agents.turn_samples import TurnChatTokens
+from vime.agents.turn_samples import ChatSettings, chat_fields, new_chat
 from vime.envs.contract import validate_reset_result, validate_step_result
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import EngineError, EnvError, TemplateError
@@ -113,7 +113,7 @@ class Ending(Exception):
         self.reason = reason
 
 
-class EpisodeSettings(Protocol):
+class EpisodeSettings(ChatSettings, Protocol):
     """The settings an episode reads (a :class:`~vime.agents.collector.CollectorConfig`).
 
     A protocol, so that this module need not import the collector (which imports it).
@@ -127,11 +127,8 @@ class EpisodeSettings(Protocol):
     max_turns: int | None  # a cap below the env's own turn limit; None: the env's
     env_timeout_s: float
     tool_parse_errors: str
-    on_template_mismatch: str
-    sample_per_turn: bool  # each turn's request is the template's render (turn_samples)
     truncate_on_max_tokens: bool
     seed: int | None
-    chat_template_kwargs: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,7 +217,7 @@ class EpisodeRun:
             self.env_id = self.env_id or _env_name(self.env)
             if self.env_metrics is None:  # not closed with its last step
                 metrics = await self._close_env()
-        ending = self._close_chat(ending)
+        ending = close_chat(self.chat, ending)
         self.timings["total_s"] = time.perf_counter() - self.t_start
         return self._episode(ending, metrics)
 
@@ -254,17 +251,6 @@ class EpisodeRun:
         logger.exception("episode %s of task %s failed", self.index, self.task_id)
         return Ending(EpisodeStatus.ERROR, f"{type(err).__name__}: {err}")
 
-    def _close_chat(self, ending: Ending) -> Ending:
-        """``chat.close()``; a template violation there makes an error (unless one already)."""
-        if self.chat is None:
-            return ending
-        try:
-            self.chat.close()
-        except TemplateError as err:
-            if ending.status != EpisodeStatus.ERROR:
-                return Ending(EpisodeStatus.ERROR, f"template error: {err}")
-        return ending
-
     # ------------------------------------------------------------------ start and turns
 
     async def _start(self) -> None:
@@ -281,15 +267,8 @@ class EpisodeRun:
         settings = self.context.settings
         self.max_turns = _turn_limit(self.env, self.env_id, settings.max_turns)
         t0 = time.perf_counter()
-        chat_class = TurnChatTokens if settings.sample_per_turn else ChatTokens
-        self.chat = chat_class(
-            self.context.tokenizer,
-            messages,
-            tools=getattr(self.env, "tools", None),
-            env_id=self.env_id,
-            on_template_mismatch=settings.on_template_mismatch,
-            chat_template_kwargs=settings.chat_template_kwargs,
-        )
+        tools = getattr(self.env, "tools", None)
+        self.chat = new_chat(self.context.tokenizer, messages, settings, tools, self.env_id)
         self.timings["tokenize_s"] += time.perf_counter() - t0
 
     async def _turn(self) -> Ending | None:
@@ -433,37 +412,42 @@ class EpisodeRun:
 
     def _episode(self, ending: Ending, metrics: dict[str, float]) -> Episode:
         """The finished :class:`Episode` (empty token fields if the chat never started)."""
-        chat = self.chat
         metadata: dict[str, Any] = {"server": self.server}
         if self.leftover:
             metadata["final_messages"] = self.leftover
-        if chat is not None and chat.mismatches:
-            metadata["template_mismatches"] = chat.mismatches
-            metrics["template_mismatch"] = 1.0
         metrics["turns"] = float(len(self.turns))
-        if isinstance(chat, TurnChatTokens):
-            metrics["turn_samples"] = float(len(chat.sample_starts))
         return Episode(
             task_id=self.task_id,
             env_id=self.env_id,
-            tokens=chat.tokens if chat else [],
-            loss_mask=chat.loss_mask if chat else [],
-            rollout_logprobs=chat.logprobs if chat else [],
-            weight_versions=chat.weight_versions if chat else [],
             reward=self.reward if _finite(self.reward) else 0.0,
             status=ending.status,
             reason=ending.reason,
-            prompt_len=chat.prompt_len if chat else 0,
             group_id=self.group,
             sample_index=self.index,
             turns=self.turns,
             timings=self.timings,
-            messages=chat.messages if chat else [],
             metrics=metrics,
             metadata=metadata,
             uid=self.uid,
-            sample_starts=list(chat.sample_starts) if chat else [],
+            **chat_fields(self.chat, metrics, metadata),
         )
+
+
+def close_chat(chat: ChatTokens | None, ending: Ending) -> Ending:
+    """``chat.close()``; a template violation there makes an error (unless one already).
+
+    Example:
+        >>> close_chat(None, Ending(EpisodeStatus.COMPLETED, "")).status.value
+        'completed'
+    """
+    if chat is None:
+        return ending
+    try:
+        chat.close()
+    except TemplateError as err:
+        if ending.status != EpisodeStatus.ERROR:
+            return Ending(EpisodeStatus.ERROR, f"template error: {err}")
+    return ending
 
 
 def turn_record(chat: ChatTokens, out: Completion, action: Action) -> Turn:

@@ -24,6 +24,9 @@ weighs the same however the episode is cut, so an episode weighs what its sample
 weigh; under ``seq-mean`` each sample is one row, so an episode of k samples weighs k rows;
 GSPO's sequence ratio is per sample.
 
+The collector and the own-agent endpoint (``endpoint.sample_per_turn``) both start an
+episode with :func:`new_chat` and read it into its Episode with :func:`chat_fields`.
+
 Example (the tiny tokenizer with the Qwen3-format template; the policy's turns are
 scripted):
     >>> from transformers import AutoTokenizer
@@ -47,9 +50,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
-from vime.agents.chat_tokens import ChatTokens
+from vime.agents.chat_tokens import TEMPLATE_MISMATCH_MODES, ChatTokens
+from vime.config import require, require_choice
 from vime.types import Episode, Message, Sample
 
 
@@ -187,3 +191,96 @@ def per_episode(values: Sequence[float], owner: Sequence[int], n: int) -> list[f
     for v, k in zip(values, owner, strict=True):
         out[k] += v
     return out
+
+
+class ChatSettings(Protocol):
+    """How a conversation becomes token ids: keys that the collector's config and the
+    own-agent endpoint's (:class:`~vime.agents.endpoint.EndpointConfig`) share.
+
+    Example:
+        >>> sorted(ChatSettings.__annotations__)
+        ['chat_template_kwargs', 'on_template_mismatch', 'sample_per_turn']
+    """
+
+    on_template_mismatch: str
+    sample_per_turn: bool  # each turn's request is the template's render (turn_samples)
+    chat_template_kwargs: dict[str, Any]
+
+
+def check_template_keys(section: str, on_template_mismatch: str, sample_per_turn: bool) -> None:
+    """Validate ``{section}.on_template_mismatch`` with ``{section}.sample_per_turn``: the
+    collector's and the own-agent endpoint's configs share these keys and these checks.
+
+    Example:
+        >>> check_template_keys("endpoint", "error", sample_per_turn=True)
+        Traceback (most recent call last):
+        vime.errors.ConfigError: endpoint.on_template_mismatch: has no effect with endpoint.sample_per_turn=true (every request is the template's own render, so nothing can mismatch); leave it at keep_history
+    """
+    key = f"{section}.on_template_mismatch"
+    require_choice(on_template_mismatch, key, TEMPLATE_MISMATCH_MODES)
+    require(
+        not sample_per_turn or on_template_mismatch == "keep_history",
+        key,
+        f"has no effect with {section}.sample_per_turn=true (every request is the "
+        "template's own render, so nothing can mismatch); leave it at keep_history",
+    )
+
+
+def new_chat(
+    tokenizer: Any,
+    messages: list[Message],
+    settings: ChatSettings,
+    tools: list[dict[str, Any]] | None,
+    env_id: str,
+) -> ChatTokens:
+    """A new episode's token record: one sequence, or one sample per turn
+    (``settings.sample_per_turn``: :class:`TurnChatTokens`).
+
+    Example:
+        >>> from transformers import AutoTokenizer
+        >>> from vime.agents.collector import CollectorConfig
+        >>> from vime.models.tiny import build_tiny_model
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+        >>> hi = [{"role": "user", "content": "Hi"}]
+        >>> type(new_chat(tok, hi, CollectorConfig(sample_per_turn=True), None, "e")).__name__
+        'TurnChatTokens'
+    """
+    chat_class = TurnChatTokens if settings.sample_per_turn else ChatTokens
+    return chat_class(
+        tokenizer,
+        messages,
+        tools=tools,
+        env_id=env_id,
+        on_template_mismatch=settings.on_template_mismatch,
+        chat_template_kwargs=settings.chat_template_kwargs,
+    )
+
+
+def chat_fields(
+    chat: ChatTokens | None, metrics: dict[str, float], metadata: dict[str, Any]
+) -> dict[str, Any]:
+    """The :class:`~vime.types.Episode` fields that ``chat`` holds (empty if the episode
+    never started); its template mismatches and its number of per-turn samples go into
+    ``metrics`` and ``metadata``.
+
+    Example:
+        >>> chat_fields(None, {}, {})["tokens"]
+        []
+    """
+    if chat is None:
+        names = ("tokens", "loss_mask", "rollout_logprobs", "weight_versions", "messages")
+        return {**{name: [] for name in names}, "prompt_len": 0, "sample_starts": []}
+    if chat.mismatches:
+        metadata["template_mismatches"] = chat.mismatches
+        metrics["template_mismatch"] = 1.0
+    if isinstance(chat, TurnChatTokens):
+        metrics["turn_samples"] = float(len(chat.sample_starts))
+    return {
+        "tokens": chat.tokens,
+        "loss_mask": chat.loss_mask,
+        "rollout_logprobs": chat.logprobs,
+        "weight_versions": chat.weight_versions,
+        "prompt_len": chat.prompt_len,
+        "messages": chat.messages,
+        "sample_starts": list(chat.sample_starts),
+    }
