@@ -75,7 +75,8 @@ def _docstring_entries(cls: type) -> dict[str, str]:
     entries: dict[str, str] = {}
     names: list[str] = []
     for line in section.splitlines():
-        m = re.match(r"^    ([\w, ]+):\s*(.*)$", line)
+        # A name starts right at the indent: a continuation line holding a colon is no entry.
+        m = re.match(r"^    (\w[\w, ]*):\s*(.*)$", line)
         if m:
             names = [n.strip() for n in m.group(1).split(",")]
             for name in names:

@@ -113,12 +113,21 @@ class CollectorConfig:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     max_turns: int | None = None  # a cap below the env's turn limit; None = the env's
     max_model_len: int = 4096
-    concurrency: int = 256  # episodes in flight
-    env_timeout_s: float = 300.0  # per reset / step call
+    concurrency: int = 256  # episodes in flight at once, over all tasks and their samples
+    # Seconds an env reset or step call may take; past it the episode ends in error.
+    env_timeout_s: float = 300.0
     env_workers: int = 0  # threads for env calls; 0 = concurrency
-    tool_parser: str = "hermes"  # see vime.agents.tool_parsers.PARSERS
-    tool_parse_errors: str = "observe"  # "observe" | "env"
-    on_template_mismatch: str = "keep_history"  # "keep_history" | "restart_context" | "error"
+    # How tool calls are read from a turn's text (vime.agents.tool_parsers): hermes (= qwen,
+    # qwen3), llama3_json, mistral or none; it must be the chat template's format.
+    tool_parser: str = "hermes"
+    # A call that does not parse: "observe" answers it with a tool message naming the
+    # error (no env step, reward 0, the episode goes on); "env": the env's step gets it.
+    tool_parse_errors: str = "observe"
+    # When the chat template re-renders the history differently (vime.agents.chat_tokens):
+    # keep_history (the tokens keep what the model saw), restart_context (the fresh render;
+    # earlier turns become context, not trained on) or error (the episode ends in error).
+    # sample_per_turn=true takes keep_history only.
+    on_template_mismatch: str = "keep_history"
     # Each turn's request is the template's own render; a template that rewrites history
     # (Qwen3) makes several training samples per episode (vime.agents.turn_samples).
     sample_per_turn: bool = False

@@ -39,7 +39,7 @@ class EngineConfig:
             / top-p, i.e. of the distribution actually sampled from.
         dev_mode: ``VLLM_SERVER_DEV_MODE=1`` (/collective_rpc, /pause, /resume,
             /reset_prefix_cache, /update_weight_version ...), needed for weight updates.
-        startup_timeout_s: how long :meth:`VLLMServer.wait_ready` waits.
+        startup_timeout_s: seconds :meth:`VLLMServer.wait_ready` waits for the server to come up.
         seed: vLLM's global seed.
         served_model_name: the name clients pass as ``model``; default: the folder's name.
         extra_args: more ``vllm serve`` flags, appended verbatim.

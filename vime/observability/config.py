@@ -23,19 +23,21 @@ WANDB_MODES = ("false", "offline", "online")
 
 @dataclass
 class MetricsConfig:
-    """Where each step's metrics go. ``metrics.jsonl`` is always written; on top of it:
+    """Where each step's metrics go: ``<run>/metrics.jsonl`` always, and these sinks.
 
-    - ``tensorboard``: TensorBoard event files in ``<run>/tensorboard``;
-    - ``wandb``: ``offline`` (a W&B run folder under ``<run>/wandb``, no network; upload
-      later with ``wandb sync``), ``online`` (needs ``WANDB_API_KEY``) or ``false``;
-    - ``page``: the run page ``<run>/index.html`` (curves, time split, evals, episodes),
-      rewritten at the end of the run (``vime-agent page RUN`` at any time).
+    Fields:
+        tensorboard: each step's numeric metrics as TensorBoard scalars in
+            ``<run>/tensorboard`` (needs the tensorboard package).
+        wandb: ``offline`` (a W&B run folder under ``<run>/wandb``, no network; upload
+            later with ``wandb sync``), ``online`` (needs ``WANDB_API_KEY``) or ``false``.
+        wandb_project: the W&B project that ``wandb`` logs to; the W&B run is named and
+            keyed by the run folder, so a resumed run logs into the same W&B run.
+        page: the run page ``<run>/index.html`` (curves, time split, evals, episodes),
+            rewritten when the run ends normally (``vime-agent page RUN`` at any time).
     """
 
     tensorboard: bool = False
     wandb: str = "false"
-    # The W&B project the run logs to (metrics.wandb offline or online); the W&B run is
-    # named and keyed by the run folder, so a resumed run logs into the same W&B run.
     wandb_project: str = "vime"
     page: bool = True
 

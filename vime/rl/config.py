@@ -224,7 +224,7 @@ class TrainConfig:
     steps: int = 40
     seed: int = 0
     run_root: str = "runs"  # a new run's folder: <run_root>/<YYYYmmdd-HHMMSS>-<name>
-    name: str = ""  # run folder suffix, W&B run name; "" = the env's short name (math)
+    name: str = ""  # the run folder's suffix; "" = the env's short name (vime/Math-v0: math)
     # A run folder to go on with: its newest complete checkpoint, its buffered steps after it,
     # then new ones. The keys are this command's, not its config.yaml: repeat the overrides.
     resume: str = ""
