@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "trainer"))  # the real-shaped configs
 
 # The families of the table, in its order (names of tests/trainer/_trainer_models.py).
-FAMILIES = ("llama3", "qwen2.5", "qwen3", "mistral", "qwen3-moe", "gemma2", "gemma3")
+FAMILIES = ("llama3", "qwen2.5", "qwen3", "mistral", "qwen3-moe", "gemma", "gemma2", "gemma3")
 DOC = ROOT / "docs" / "models.md"
 BEGIN = "<!-- model_parity: begin (bench/model_parity.py --write) -->"
 END = "<!-- model_parity: end -->"
