@@ -2,10 +2,11 @@
 
 1. The trainer process is SIGKILLed while the run is paused before step 2's training
    (step 2 buffered): the run stops with a TrainerError naming the process, the call and
-   its exit status, and leaves nothing running.
+   its exit status, and leaves nothing running (megatron-core's checkpoint writer keeps a
+   server process, which must not outlive the trainer).
 2. Resumed, the run is paused before step 3's training and the loop's process alone is
    SIGKILLed (not its group): the kernel kills the trainer process with it
-   (``PR_SET_PDEATHSIG``), so no orphan trainer holds the memory.
+   (``PR_SET_PDEATHSIG``), and the processes it started with it: no orphan holds memory.
 3. Resumed again, it runs to the end: every step once, every episode in the buffer once,
    the trainer's spans counted in the loop's metrics.
 """
@@ -70,8 +71,10 @@ def test_trainer_process_killed_then_resumed_loses_nothing(vllm_server, tiny_mod
         proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="train:2", VIME_TEST_PAUSE_S="8")
         wait_log(proc, log, "vime-test: paused at train step 2", 300)
         trainer = _trainer_pid(proc.pid)
+        left = descendants(proc.pid)  # the trainer, its checkpoint writer's server, ...
         os.kill(trainer, signal.SIGKILL)
         assert proc.wait(timeout=120) != 0
+        assert still_running(left) == [], tail(log)
         text = log.read_text()
         assert f"the trainer process (pid {trainer}) died during train_step" in text, tail(log)
         assert "exit status -9" in text and "resume the run" in text, tail(log)
@@ -88,7 +91,7 @@ def test_trainer_process_killed_then_resumed_loses_nothing(vllm_server, tiny_mod
         left = descendants(proc.pid)
         os.kill(proc.pid, signal.SIGKILL)  # not the group: the kernel must take the trainer
         proc.wait()
-        assert still_running({trainer: left[trainer]}) == [], tail(log2)
+        assert trainer in left and still_running(left) == [], tail(log2)
 
         # 3. The last resume runs to the end.
         proc = start_train(tmp_path, resume, "resume2.log")

@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import logging
 import os
@@ -60,7 +61,11 @@ from vime.rl.run_dir import (
     write_state,
 )
 from vime.rl.tasks import eval_tasks, train_tasks
-from vime.rl.trainer_process import TrainerProcess, trainer_in_own_process
+from vime.rl.trainer_process import (
+    TrainerProcess,
+    reap_checkpoint_writer_with_this_process,
+    trainer_in_own_process,
+)
 from vime.rl.warm_start import tiny_model_warning, warm_start
 from vime.rl.weight_sync import DiskWeightSync
 from vime.trainer.critic import Critic
@@ -100,16 +105,8 @@ def train(cfg: TrainConfig) -> TrainResult:
     run, model_dir = ranks.from_driver(lambda: _prepare(cfg))
 
     with contextlib.ExitStack() as cleanup:
-        if own_process:  # built in the child while the engines start here
-            group = TrainerGroup(
-                None,
-                ranks,
-                remote=cleanup.enter_context(
-                    TrainerProcess.start(trainer_child, cfg, model_dir, ranks)
-                ),
-            )
-        else:
-            group = trainer_group(cfg, model_dir, ranks)
+        cleanup.callback(gc.unfreeze)  # frozen objects would be reported leaked at exit
+        group = _start_trainer(cfg, model_dir, ranks, cleanup, own_process=own_process)
         group.fleet = cleanup.enter_context(
             ranks.engine_fleet(
                 cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
@@ -204,9 +201,30 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
 def trainer_group(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
     """(Every rank.) The policy's trainer with π_ref (a KL term) and the critic (GAE)."""
     trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
+    reap_checkpoint_writer_with_this_process()
+    # The model's many long-lived Python objects would be rescanned by every full garbage
+    # collection that the collector's allocations trigger: frozen, they are skipped
+    # (measured on 2 cores, sync step: rollout 17 s -> 9 s, train 5.4 s -> 2.8 s).
+    gc.freeze()
     return TrainerGroup(
         trainer, ranks, reference=_reference(cfg, model_dir), critic=_critic(cfg, model_dir, ranks)
     )
+
+
+def _start_trainer(
+    cfg: TrainConfig,
+    model_dir: Path,
+    ranks: Ranks,
+    stack: contextlib.ExitStack,
+    *,
+    own_process: bool,
+) -> TrainerGroup:
+    """(Every rank.) The trainer group: built here, or started in its own process
+    (``placement.trainer_process``), where it is built while the engines start here."""
+    if not own_process:
+        return trainer_group(cfg, model_dir, ranks)
+    child = stack.enter_context(TrainerProcess.start(trainer_child, cfg, model_dir, ranks))
+    return TrainerGroup(None, ranks, remote=child)
 
 
 def trainer_child(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
