@@ -293,13 +293,6 @@ def megatron_config_from_hf(
     """
     from megatron.core.transformer import TransformerConfig
 
-    if recompute not in RECOMPUTE_MODES:
-        raise ValueError(f"recompute={recompute!r}: choose one of {RECOMPUTE_MODES}")
-    recompute_args: dict[str, Any] = {}
-    if recompute != "none":
-        recompute_args["recompute_granularity"] = recompute
-    if recompute == "full":
-        recompute_args.update(recompute_method="uniform", recompute_num_layers=1)
     spec = cfg if isinstance(cfg, ModelSpec) else model_spec_from_hf(cfg)
     if spec.num_kv_heads % tp != 0:
         raise UnsupportedArchitectureError(
@@ -349,9 +342,27 @@ def megatron_config_from_hf(
         # rank holds 1/tp of the tokens between the layers' parallel linears); dense models
         # keep replicated activations.
         sequence_parallel=tp > 1 and bool(spec.num_experts),
-        **recompute_args,
+        **_recompute_config(recompute),
         **_moe_config(spec),
     )
+
+
+def _recompute_config(recompute: str) -> dict[str, Any]:
+    """Megatron's activation-recompute settings for one of :data:`RECOMPUTE_MODES`.
+
+    Example:
+        >>> _recompute_config("full")["recompute_method"]
+        'uniform'
+    """
+    if recompute not in RECOMPUTE_MODES:
+        raise ValueError(f"recompute={recompute!r}: choose one of {RECOMPUTE_MODES}")
+    if recompute == "none":
+        return {}
+    if recompute == "full":  # every layer, uniformly, one layer per checkpoint
+        return dict(
+            recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1
+        )
+    return {"recompute_granularity": recompute}
 
 
 def _moe_config(spec: ModelSpec) -> dict[str, Any]:
