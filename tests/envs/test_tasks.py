@@ -74,7 +74,8 @@ def test_each_epoch_is_a_seeded_permutation():
     first, second = src.take(10), src.take(10)
     assert sorted(t["answer"] for t in first) == sorted(r["answer"] for r in RECORDS)
     assert first != second  # a new shuffle per epoch
-    assert src.take(1) == []  # epochs exhausted
+    with pytest.raises(DataError, match=r"exhausted: its epochs=2 passes over 10 tasks"):
+        src.take(1)  # epochs exhausted: a batch of none is an error, not an empty batch
     again = TaskSource(RECORDS, seed=3, epochs=2)
     assert again.take(20) == first + second
     assert TaskSource(RECORDS, seed=4).take(10) != first

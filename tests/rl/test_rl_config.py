@@ -32,7 +32,10 @@ def test_defaults_are_the_embedded_math_run():
         ),
         (["env=tools"], lambda c: c.env.kwargs == {"max_turns": 4, "tools": ["calculator"]}),
         (["env=math"], lambda c: c.env.kwargs == {} and c.rollout.collector.max_turns is None),
-        (["trainer=gspo"], lambda c: c.trainer.loss.policy_loss == "gspo"),
+        (
+            ["trainer=gspo"],
+            lambda c: c.trainer.loss.policy_loss == "gspo" and c.trainer.minibatches == 2,
+        ),
         (
             ["trainer=dr_grpo"],
             lambda c: c.trainer.loss.aggregation == "token-sum" and not c.rollout.normalize_std,
@@ -44,7 +47,7 @@ def test_defaults_are_the_embedded_math_run():
             lambda c: c.rollout.collector.max_turns == 2,
         ),
         (
-            ["trainer.loss.eps_high=0.3", "steps=7"],
+            ["trainer.loss.eps_high=0.3", "trainer.minibatches=2", "steps=7"],
             lambda c: c.trainer.loss.eps_high == 0.3 and c.steps == 7,
         ),
     ],

@@ -347,6 +347,10 @@ class TaskSource:
     def take(self, n: int) -> list[Task]:
         """Up to ``n`` next tasks (fewer only when the last epoch ends).
 
+        Raises:
+            DataError: the last epoch had ended already: no task is left to take (a
+                caller asking for a batch would otherwise get an empty one).
+
         Example:
             >>> len(TaskSource([{"id": "a"}, {"id": "b"}]).take(3))
             3
@@ -357,6 +361,12 @@ class TaskSource:
                 out.append(self.next())
             except StopIteration:
                 break
+        if n > 0 and not out:
+            raise DataError(
+                f"the task source is exhausted: its epochs={self.epochs} passes over "
+                f"{len(self.tasks)} tasks have all been drawn (env.tasks.epochs in a train "
+                "config); allow more epochs (null: no end) or draw fewer tasks"
+            )
         return out
 
     def lend(self) -> Task:

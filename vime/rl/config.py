@@ -46,11 +46,12 @@ from vime.envs.tasks import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig
+from vime.rl.config_dependencies import check_dependencies
 from vime.rl.placement import PlacementConfig
+from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.reference import ReferenceConfig
-from vime.trainer.step import TrainerConfig
 from vime.types import SamplingParams
 
 GROUPS = ("env", "model", "trainer", "engine", "rollout")
@@ -197,7 +198,13 @@ class RolloutConfig:
 
 @dataclass
 class TrainConfig:
-    """Everything one ``vime-agent train`` run uses (saved as the run's config.yaml)."""
+    """Everything one ``vime-agent train`` run uses (saved as the run's config.yaml).
+
+    No run-wide seed: each random choice has its own key. ``env.tasks.seed``: the task
+    generator's draw and each epoch's task order; ``rollout.collector.seed``: env resets
+    and per-request sampling seeds; ``engine.seed``: vLLM's own; ``trainer.seed``: the
+    trainer's RNG (dropout); ``model.warm_start_seed``: the tiny model's warm start.
+    """
 
     defaults: list[Any] = field(
         default_factory=lambda: [
@@ -222,7 +229,6 @@ class TrainConfig:
     # Optimizer steps of the policy; a resumed run goes on to this one. The last step is
     # always checkpointed, and evaluated when eval_every and env.eval_size are > 0.
     steps: int = 40
-    seed: int = 0
     run_root: str = "runs"  # a new run's folder: <run_root>/<YYYYmmdd-HHMMSS>-<name>
     name: str = ""  # the run folder's suffix; "" = the env's short name (vime/Math-v0: math)
     # A run folder to go on with: its newest complete checkpoint, its buffered steps after it,
@@ -305,23 +311,12 @@ class TrainConfig:
         )
 
     def _check_critic(self) -> None:
-        """The critic and GAE keys: used with ``rollout.advantage=gae`` only (named both)."""
-        r, c, gae = self.rollout, self.critic, self.rollout.advantage == "gae"
+        """The critic and GAE keys' values (used with ``rollout.advantage=gae`` only: see
+        :mod:`vime.rl.config_dependencies`)."""
+        r, c = self.rollout, self.critic
         require(0 <= r.gamma <= 1, "rollout.gamma", f"must be in [0, 1], got {r.gamma}")
         require(
             0 <= r.gae_lambda <= 1, "rollout.gae_lambda", f"must be in [0, 1], got {r.gae_lambda}"
-        )
-        unused = [f"rollout.{k}" for k in ("gamma", "gae_lambda") if getattr(r, k) != 1.0]
-        unused += [
-            f"critic.{f.name}"
-            for f in dataclasses.fields(CriticConfig)
-            if getattr(c, f.name) != f.default
-        ]
-        require(
-            gae or not unused,
-            unused[0] if unused else "critic",
-            f"is set but rollout.advantage={r.advantage!r} trains no critic: set "
-            "rollout.advantage=gae (PPO with a learned critic) or leave it unset",
         )
         require(
             not c.path or Path(c.path, "config.json").exists(),
@@ -425,8 +420,14 @@ def _trainer_presets() -> dict[str, dict[str, Any]]:
             "trainer": {"loss": {"aggregation": "token-sum", "token_sum_denominator": 128.0}},
             "rollout": {"normalize_std": False},
         },
-        # GSPO: one length-normalised ratio per sequence, clipped per sequence.
-        "gspo": {"trainer": {"loss": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4}}},
+        # GSPO: one length-normalised ratio per sequence, clipped per sequence; two
+        # mini-batches per RL step, so the second one's ratio leaves 1 and the clip acts.
+        "gspo": {
+            "trainer": {
+                "minibatches": 2,
+                "loss": {"policy_loss": "gspo", "eps_low": 3e-4, "eps_high": 4e-4},
+            }
+        },
     }
 
 
@@ -501,12 +502,16 @@ def load_config(overrides: list[str]) -> TrainConfig:
     try:
         with initialize(version_base=None, config_path=None):
             composed = compose(config_name="vime_train", overrides=list(overrides))
+            # The chosen presets alone: a key a preset sets is not the user's setting.
+            groups = [o for o in overrides if o.partition("=")[0].lstrip("+") in GROUPS]
+            presets = OmegaConf.to_container(compose(config_name="vime_train", overrides=groups))
         cfg = OmegaConf.to_object(composed)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
         raise _friendly(err, overrides) from None
-    assert isinstance(cfg, TrainConfig)
+    assert isinstance(cfg, TrainConfig) and isinstance(presets, dict)
+    check_dependencies(cfg, {str(k): v for k, v in presets.items()})
     return cfg
 
 

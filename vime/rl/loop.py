@@ -60,7 +60,7 @@ from vime.rl.run_dir import (
     read_state,
     write_state,
 )
-from vime.rl.tasks import eval_tasks, train_tasks
+from vime.rl.tasks import eval_tasks, train_source
 from vime.rl.trainer_process import (
     TrainerProcess,
     reap_checkpoint_writer_with_this_process,
@@ -344,8 +344,7 @@ def _engine_clients(
 
 def _task_sources(cfg: TrainConfig) -> tuple[TaskSource, list[dict[str, Any]]]:
     """The training task source (drawn step by step) and the held-out evaluation tasks."""
-    tasks = TaskSource(train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle)
-    return tasks, eval_tasks(cfg.env)
+    return train_source(cfg), eval_tasks(cfg.env)
 
 
 def _step_times(t0: float, t1: float, t2: float, t3: float) -> dict[str, float]:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from vime.buffer import DataBuffer
 from vime.errors import ConfigError
@@ -62,11 +62,18 @@ class ReplayReport:
         return math.isclose(self.loss, self.recorded_loss, rel_tol=rtol, abs_tol=rtol * 1e-3)
 
 
+# Keys older runs saved that vime no longer has (the top-level seed: nothing read it).
+_REMOVED_KEYS = ("seed",)
+
+
 def saved_config(run_dir: Path) -> TrainConfig:
-    """The :class:`TrainConfig` a run saved in its ``config.yaml``."""
-    merged = OmegaConf.merge(
-        OmegaConf.structured(TrainConfig), OmegaConf.load(run_dir / "config.yaml")
-    )
+    """The :class:`TrainConfig` a run saved in its ``config.yaml`` (keys vime dropped since
+    are skipped)."""
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    assert isinstance(saved, DictConfig)
+    for key in _REMOVED_KEYS:
+        saved.pop(key, None)
+    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
     cfg = OmegaConf.to_object(merged)
     assert isinstance(cfg, TrainConfig)
     return cfg

@@ -14,9 +14,9 @@ import importlib
 import inspect
 from typing import Any
 
-from vime.envs.tasks import Task, load_tasks
+from vime.envs.tasks import Task, TaskSource, load_tasks
 from vime.errors import ConfigError
-from vime.rl.config import EnvConfig
+from vime.rl.config import EnvConfig, TrainConfig
 
 # Bundled generators draw evaluation tasks with this offset on the seed: held-out tasks.
 EVAL_SEED_OFFSET = 1_000_003
@@ -97,6 +97,39 @@ def train_tasks(env: EnvConfig) -> list[Task]:
                 key="env.tasks.path",
             )
     return tasks
+
+
+def train_source(cfg: TrainConfig) -> TaskSource:
+    """The training tasks as the run draws them: ``env.tasks``' order (``seed``,
+    ``shuffle``), its first ``limit`` tasks, ``epochs`` passes over them.
+
+    The epochs must hold the tasks the run draws at the least, ``steps`` ×
+    round(``rollout.batch_size`` × ``rollout.oversample``), or the run fails here. Draws
+    beyond that (refills, groups async mode drops) can still reach the end of the last
+    epoch: the run then stops with the source's DataError (:meth:`TaskSource.take`).
+
+    Example:
+        >>> from vime.rl.config import load_config
+        >>> cfg = load_config(["env.tasks.limit=3", "env.tasks.epochs=2", "steps=1"])
+        >>> cfg.rollout.batch_size = 6
+        >>> len(train_source(cfg).take(6))
+        6
+    """
+    t, r = cfg.env.tasks, cfg.rollout
+    source = TaskSource(
+        train_tasks(cfg.env), seed=t.seed, shuffle=t.shuffle, epochs=t.epochs, limit=t.limit
+    )
+    per_step = max(1, round(r.batch_size * r.oversample))
+    if t.epochs is not None and t.epochs * len(source) < cfg.steps * per_step:
+        fit = t.epochs * len(source) // per_step
+        raise ConfigError(
+            f"env.tasks.epochs={t.epochs} passes over {len(source)} tasks hold "
+            f"{t.epochs * len(source)} draws, but steps={cfg.steps} draw {per_step} each "
+            f"(rollout.batch_size × rollout.oversample): set steps <= {fit}, or "
+            f"env.tasks.epochs >= {-(-cfg.steps * per_step // len(source))} (null: no end)",
+            key="env.tasks.epochs",
+        )
+    return source
 
 
 def eval_tasks(env: EnvConfig) -> list[Task]:

@@ -50,8 +50,9 @@ from vime.errors import DataError, TrainerError
 from vime.rl.config import EnvConfig, ModelConfig
 from vime.rl.console import quiet_library_warnings
 from vime.rl.tasks import builtin_tasks
+from vime.trainer.config import TrainerConfig
 from vime.trainer.losses import LossConfig
-from vime.trainer.step import Trainer, TrainerConfig
+from vime.trainer.step import Trainer
 from vime.types import Sample
 
 # Bump when the recipe below changes (invalidates cached warm starts).

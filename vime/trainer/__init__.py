@@ -11,7 +11,7 @@ The RL loop needs four calls::
 Modules, one idea each: ``compat`` (CPU shims), ``parallel`` (process groups), ``model``
 (HF config → GPTModel), ``hf`` (weights in and out), ``logprobs`` (chunked, vocab-parallel),
 ``losses`` (GRPO/PPO/GSPO/TIS/KL/entropy), ``batching`` (token-budget packing),
-``checkpoint`` (dist_checkpointing), ``step`` (Trainer, TrainerConfig).
+``checkpoint`` (dist_checkpointing), ``config`` (TrainerConfig), ``step`` (Trainer).
 
 Names are imported lazily, so ``import vime.trainer.losses`` does not import Megatron.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 _EXPORTS = {
     "Trainer": "vime.trainer.step",
-    "TrainerConfig": "vime.trainer.step",
+    "TrainerConfig": "vime.trainer.config",
     "LossConfig": "vime.trainer.losses",
     "grpo_advantages": "vime.trainer.losses",
     "policy_loss": "vime.trainer.losses",

@@ -96,6 +96,31 @@ def balance_by_tokens(lengths: Sequence[int], ranks: int) -> list[list[int]]:
     return [sorted(share) for share in shares]
 
 
+def split_minibatches(lengths: Sequence[int], n: int) -> list[list[int]]:
+    """Split sample indices into ``n`` mini-batches (``trainer.minibatches``), each one
+    optimizer step, balanced by tokens under equal counts.
+
+    Every mini-batch gets ``len // n`` or one more samples (so each still has one per
+    data-parallel rank when ``len ≥ n × dp``); longest first, each sample goes to the
+    lightest mini-batch that may still take one. Deterministic: every rank computes the
+    same split from the same lengths. Indices stay sorted per mini-batch.
+
+    Example:
+        >>> split_minibatches([9, 1, 1, 1, 8, 2], 2)
+        [[0, 1, 2], [3, 4, 5]]
+    """
+    base, extra = divmod(len(lengths), n)
+    groups: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        big = sum(len(g) > base for g in groups)  # groups already at base + 1
+        open_ = [r for r in range(n) if len(groups[r]) < base + (big < extra)]
+        r = min(open_, key=lambda r: (load[r], r))
+        groups[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(g) for g in groups]
+
+
 @dataclass
 class MicroBatch:
     """Tensors of one micro-batch. Target-aligned tensors are ``[B, S − 1]``, one row per
@@ -249,3 +274,44 @@ def collate(
         old_values=shifted([list(s.values or ()) for s in rows]) if with_values else None,
         returns=shifted([list(s.returns or ()) for s in rows]) if with_values else None,
     )
+
+
+def packed_seq_params(mb: MicroBatch) -> Any:
+    """Megatron's ``thd`` description of a packed micro-batch (None when padded).
+
+    ``cu_seqlens`` stay on the CPU: Megatron's RoPE and vime's attention read them as
+    Python ints, which on the GPU would wait for the device twice per layer.
+
+    Example:
+        >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
+        >>> packed_seq_params(collate([s], [0])) is None
+        True
+    """
+    if mb.cu_seqlens is None:
+        return None
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    longest = int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max())
+    return PackedSeqParams(
+        qkv_format="thd",
+        cu_seqlens_q=mb.cu_seqlens,
+        cu_seqlens_kv=mb.cu_seqlens,
+        max_seqlen_q=longest,
+        max_seqlen_kv=longest,
+    )
+
+
+def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    """Move ``mb``'s tensors to ``device`` (``cu_seqlens`` stay on the CPU, see above).
+
+    Example:
+        >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
+        >>> to_device(collate([s], [0]), torch.device("cpu")).targets.device.type
+        'cpu'
+    """
+    if device.type == "cpu":
+        return mb
+    for name, value in vars(mb).items():
+        if isinstance(value, torch.Tensor) and name != "cu_seqlens":
+            setattr(mb, name, value.to(device, non_blocking=True))
+    return mb

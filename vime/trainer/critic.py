@@ -41,8 +41,9 @@ import torch
 from vime.config import require
 from vime.errors import TrainerError
 from vime.trainer.batching import MicroBatch
+from vime.trainer.config import TrainerConfig
 from vime.trainer.losses import value_loss
-from vime.trainer.step import Trainer, TrainerConfig
+from vime.trainer.step import Trainer
 from vime.types import Sample
 
 # Order of the critic's per-step sums, reduced across micro-batches and ranks: the loss,

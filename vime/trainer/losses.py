@@ -59,17 +59,25 @@ class LossConfig:
         'gspo'
     """
 
+    # ppo: one ratio per token; gspo: one length-normalised ratio per sequence.
     policy_loss: str = "ppo"
+    # The ratio's clip range is [1 − eps_low, 1 + eps_high] (train/clip_frac: the share of
+    # loss tokens clipped); it acts only with trainer.minibatches > 1.
     eps_low: float = 0.2
-    eps_high: float = 0.28
+    eps_high: float = 0.28  # the upper side of the clip range (see eps_low)
+    # token-mean, seq-mean or token-sum: how the step's per-token losses are summed.
     aggregation: str = "token-mean"
-    token_sum_denominator: float = 1.0
+    token_sum_denominator: float = 1.0  # token-sum's constant denominator D
+    # Per-token weight exp(old − rollout log-prob): truncate caps it at tis_cap, mask
+    # zeroes tokens outside [tis_low, tis_high], none: 1 (train/tis_clip_frac).
     tis: str = "truncate"
-    tis_cap: float = 2.0
-    tis_low: float = 0.5
-    tis_high: float = 2.0
+    tis_cap: float = 2.0  # tis=truncate's cap on the weight
+    tis_low: float = 0.5  # tis=mask's lower bound
+    tis_high: float = 2.0  # tis=mask's upper bound
+    # Weight of the per-token KL-to-reference loss term; > 0 builds the reference model.
     kl_coef: float = 0.0
     kl_estimator: str = "k3"  # also the estimator of the KL reward penalty (rollout.kl_reward_coef)
+    # Weight of the entropy bonus; 0: no gradient from it (train/entropy is still reported).
     entropy_coef: float = 0.0
 
     def __post_init__(self) -> None:

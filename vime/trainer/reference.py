@@ -29,10 +29,11 @@ import torch
 
 from vime.errors import TrainerError
 from vime.trainer.compat import cuda_available
+from vime.trainer.config import DTYPES, TrainerConfig
 from vime.trainer.hf import load_hf_weights
 from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import parallel_info
-from vime.trainer.step import DTYPES, Trainer, TrainerConfig
+from vime.trainer.step import Trainer
 from vime.types import Sample
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -35,98 +34,29 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from vime.config import require, require_choice
 from vime.errors import TrainerError
 from vime.observability.trace import TRACE
 from vime.trainer import checkpoint as ckpt
-from vime.trainer.batching import MicroBatch, balance_by_tokens, collate, pack_indices
+from vime.trainer.batching import (
+    MicroBatch,
+    balance_by_tokens,
+    collate,
+    pack_indices,
+    packed_seq_params,
+    split_minibatches,
+    to_device,
+)
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
+from vime.trainer.config import DTYPES, TrainerConfig
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import gather_sequence_parallel, token_logprobs
-from vime.trainer.losses import LossConfig, aggregate, denominator_from_counts, policy_loss
-from vime.trainer.model import ATTENTION_BACKENDS, RECOMPUTE_MODES, build_gpt_model
+from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
+from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
 from vime.types import Sample
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 # Order of the per-step sums that are reduced across micro-batches and ranks.
 _SUMS = ("loss", "loss_tokens", "clipped", "tis_clipped", "kl", "entropy", "abs_diff", "rows")
-
-
-@dataclass
-class TrainerConfig:
-    """Options of the trainer; ``loss`` holds the objective's options.
-
-    ``micro_batch_tokens`` bounds the tokens of a micro-batch: ``rows × longest row`` of a
-    right-padded block, or with ``pack_sequences`` the samples' own tokens (concatenated
-    with no padding, each attending only to itself). Packing is off by default: measured,
-    it tied padding on an H200 (1.8B model, rows of 1–4k tokens sorted by length: 0.99)
-    and cost ~25% of the train step on CPU with the tiny model's ~30-token samples (one
-    attention call per sample); it pays where lengths vary widely within a micro-batch.
-    ``logprob_chunk_tokens`` bounds how many tokens' full-vocab logits exist at once;
-    ``logprob_recompute`` recomputes each chunk's logits in the backward pass instead of
-    keeping them (less memory, ~10% more step time on a 1.8B model with a 152k vocabulary).
-    ``recompute`` is Megatron's activation recompute: ``none``, ``selective`` (the core
-    attention) or ``full`` (every transformer layer, keeping only its input).
-    The learning rate of step k (1-based) is ``lr · min(1, k / warmup_steps)``, then decays
-    to ``min_lr`` over ``lr_decay_steps`` with ``lr_decay_style`` (``constant``: no decay).
-    ``temperature`` must be the sampling temperature of the rollouts. ``attention`` is
-    ``sdpa`` (PyTorch's fused causal kernel; default) or ``megatron`` (megatron-core's own).
-
-    Example:
-        >>> TrainerConfig(lr=3e-4).dtype
-        'float32'
-    """
-
-    lr: float = 1e-5
-    min_lr: float = 0.0
-    warmup_steps: int = 0
-    lr_decay_steps: int = 0
-    lr_decay_style: str = "constant"
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-    micro_batch_tokens: int = 4096
-    logprob_chunk_tokens: int = 1024
-    logprob_recompute: bool = True
-    pack_sequences: bool = False
-    recompute: str = "none"
-    temperature: float = 1.0
-    seed: int = 1234
-    dtype: str = "float32"
-    attention: str = "sdpa"
-    loss: LossConfig = field(default_factory=LossConfig)
-
-    def __post_init__(self) -> None:
-        require(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
-        require(
-            0 <= self.min_lr <= self.lr, "trainer.min_lr", f"must be in [0, lr], got {self.min_lr}"
-        )
-        require(self.warmup_steps >= 0, "trainer.warmup_steps", "must be >= 0")
-        require(self.lr_decay_steps >= 0, "trainer.lr_decay_steps", "must be >= 0 (0: no decay)")
-        require_choice(
-            self.lr_decay_style, "trainer.lr_decay_style", ["constant", "linear", "cosine"]
-        )
-        require(self.weight_decay >= 0, "trainer.weight_decay", "must be >= 0")
-        require(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0 (0 disables clipping)")
-        require(self.micro_batch_tokens > 0, "trainer.micro_batch_tokens", "must be > 0")
-        require(self.logprob_chunk_tokens > 0, "trainer.logprob_chunk_tokens", "must be > 0")
-        require(
-            self.temperature > 0, "trainer.temperature", "must be > 0 (the rollouts' temperature)"
-        )
-        require_choice(self.dtype, "trainer.dtype", list(DTYPES))
-        require_choice(self.attention, "trainer.attention", ATTENTION_BACKENDS)
-        require_choice(self.recompute, "trainer.recompute", RECOMPUTE_MODES)
-        require(
-            not (self.pack_sequences and self.attention == "megatron"),
-            "trainer.pack_sequences",
-            "needs trainer.attention=sdpa: megatron-core's own attention only takes packed "
-            "samples through transformer-engine; set trainer.pack_sequences=false to use it",
-        )
-        if isinstance(self.loss, dict):
-            self.loss = LossConfig(**self.loss)
 
 
 def _finalize_grads(models: list[Any], num_tokens: Any = None, **kwargs: Any) -> None:
@@ -283,7 +213,7 @@ class Trainer:
         # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
         pad_to = self.parallel.tp if self.mcore_config.sequence_parallel else 1
         return [
-            _to_device(
+            to_device(
                 collate(
                     samples,
                     [indices[j] for j in g],
@@ -334,7 +264,7 @@ class Trainer:
                 mb.input_ids,
                 mb.position_ids,
                 mb.attention_mask,
-                packed_seq_params=_packed_seq_params(mb),
+                packed_seq_params=packed_seq_params(mb),
             )
             return hidden, partial(loss_func, mb)
 
@@ -365,23 +295,28 @@ class Trainer:
             dist.all_reduce(counts, group=ps.get_data_parallel_group())
         return counts[0].item(), int(counts[1].item())
 
-    def _optimize(self, mbs: list[MicroBatch], loss_func: Any) -> tuple[list[Any], Any]:
+    def _optimize(
+        self, mbs: list[MicroBatch], loss_func: Any, advance_lr: bool = True
+    ) -> tuple[list[Any], Any]:
         """Forward, backward and one optimizer step; returns the schedule's outputs and
-        the gradient norm. ``lr_key`` names the learning rate to lower when it fails."""
+        the gradient norm. ``advance_lr``: this step starts a new step of the LR schedule
+        (the policy's mini-batches after the first share their RL step's).
+        ``lr_key`` names the learning rate to lower when it fails."""
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
         self.model.train()
         outputs = self._run_schedule(mbs, loss_func, forward_only=False)
-        # Advance the schedule first, so that step k (1-based) uses lr · min(1, k / warmup):
-        # Megatron's scheduler would otherwise spend the first step at lr = 0.
-        self.scheduler.step(increment=1)
+        if advance_lr:
+            # Advance the schedule first, so that step k (1-based) uses lr · min(1, k /
+            # warmup): Megatron's scheduler would otherwise spend the first step at lr = 0.
+            self.scheduler.step(increment=1)
+            self.step += 1
         with cpu_device_scope():
             ok, grad_norm, _ = self.optimizer.step()
         if not ok:
             raise TrainerError(
                 f"optimizer step was skipped (non-finite gradients); lower {self.lr_key}"
             )
-        self.step += 1
         return outputs, grad_norm
 
     def _reduce(self, t: torch.Tensor) -> torch.Tensor:
@@ -431,11 +366,17 @@ class Trainer:
     def train_step(
         self, samples: Sequence[Sample], old_logprobs: Sequence[Sequence[float]] | None = None
     ) -> dict[str, float]:
-        """One optimizer step on ``samples``; returns metrics (the loss is before the update).
+        """One RL step on ``samples``: ``trainer.minibatches`` optimizer steps, one per
+        mini-batch (:func:`~vime.trainer.batching.split_minibatches`; fewer when there are
+        fewer than ``minibatches × dp`` samples), all at the RL step's learning rate.
 
         ``old_logprobs`` (one list per sample, aligned with its tokens) are the behaviour
-        log-probs of the PPO ratio, for several updates on one batch; without them the
-        step is on-policy (ratio 1, the policy's own detached log-probs).
+        log-probs of the PPO ratio and of the TIS weight. Without them they are the
+        weights' at the start of the step: the first mini-batch uses its own detached
+        log-probs (ratio 1), the later ones those computed before the first update.
+        Metrics: ``loss`` is the mean of the mini-batches' losses, each before its own
+        update; ``grad_norm`` their mean; the fractions and means are over every
+        mini-batch's loss tokens; ``updates`` the optimizer steps taken.
 
         Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
             >>> m = trainer.train_step(samples)  # doctest: +SKIP
@@ -443,31 +384,57 @@ class Trainer:
             ['clip_frac', 'entropy', 'grad_norm']
         """
         t0 = time.perf_counter()
+        # Every rank gets the same samples, so every rank takes the same number of steps.
+        n = max(1, min(self.config.minibatches, len(samples) // self.parallel.dp))
+        groups = split_minibatches([len(s.tokens) for s in samples], n)
+        old: dict[int, Sequence[float]] = {}
+        if old_logprobs is not None:
+            old = dict(enumerate(old_logprobs))
+        elif n > 1:  # the later mini-batches' ratio is to the weights the step started from
+            later = [i for g in groups[1:] for i in g]
+            old = dict(zip(later, self.compute_logprobs([samples[i] for i in later]), strict=True))
+        steps = []
+        for k, g in enumerate(groups):
+            # The first mini-batch without given old log-probs uses its own (ratio 1).
+            sub_old = [old[i] for i in g] if old and g[0] in old else None
+            steps.append(self._minibatch_step([samples[i] for i in g], sub_old, k == 0))
+        sums = {key: sum(st[0][key] for st in steps) for key in _SUMS}
+        tokens = max(sums["loss_tokens"], 1.0)
+        return {
+            "loss": sum(st[0]["loss"] for st in steps) / n,
+            "grad_norm": sum(st[1] for st in steps) / n,
+            "clip_frac": sums["clipped"] / tokens,
+            "tis_clip_frac": sums["tis_clipped"] / tokens,
+            "kl": sums["kl"] / tokens,
+            "entropy": sums["entropy"] / tokens,
+            "train_rollout_logprob_abs_diff": sums["abs_diff"] / tokens,
+            "num_loss_tokens": sums["loss_tokens"],
+            "num_tokens": float(sum(len(x.tokens) for x in samples)),
+            "num_samples": sums["rows"],
+            "num_micro_batches": float(sum(st[2] for st in steps)),
+            "updates": float(n),
+            "lr": float(self.optimizer.param_groups[0]["lr"]),
+            "step_time_s": time.perf_counter() - t0,
+        }
+
+    def _minibatch_step(
+        self,
+        samples: Sequence[Sample],
+        old_logprobs: Sequence[Sequence[float]] | None,
+        advance_lr: bool,
+    ) -> tuple[dict[str, float], float, int]:
+        """One optimizer step on a mini-batch; returns its sums over every rank (see
+        ``_SUMS``), its gradient norm and its number of micro-batches."""
         local = self._local_indices(samples)
         tokens, rows = self._step_counts(samples, local)
         denom = denominator_from_counts(self.config.loss, tokens, rows)
         mbs = self._micro_batches(samples, local, old_logprobs)
-        outputs, grad_norm = self._optimize(mbs, partial(self._loss_func, denom))
+        outputs, grad_norm = self._optimize(mbs, partial(self._loss_func, denom), advance_lr)
         sums = torch.zeros(len(_SUMS), dtype=torch.float64, device=self.device)
         for out in outputs:
             sums += out["sums"]
         s = dict(zip(_SUMS, self._reduce(sums).tolist(), strict=True))
-        tokens = max(s["loss_tokens"], 1.0)
-        return {
-            "loss": s["loss"],
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "clip_frac": s["clipped"] / tokens,
-            "tis_clip_frac": s["tis_clipped"] / tokens,
-            "kl": s["kl"] / tokens,
-            "entropy": s["entropy"] / tokens,
-            "train_rollout_logprob_abs_diff": s["abs_diff"] / tokens,
-            "num_loss_tokens": s["loss_tokens"],
-            "num_tokens": float(sum(len(x.tokens) for x in samples)),
-            "num_samples": s["rows"],
-            "num_micro_batches": float(len(mbs)),
-            "lr": float(self.optimizer.param_groups[0]["lr"]),
-            "step_time_s": time.perf_counter() - t0,
-        }
+        return s, float(grad_norm) if grad_norm is not None else float("nan"), len(mbs)
 
     # ---- log-probs -------------------------------------------------------------------------
 
@@ -569,31 +536,3 @@ def _use_fused_adam(optimizer: Any) -> None:
         for group in inner.param_groups:
             group["fused"], group["foreach"] = True, False
         inner.defaults.update(fused=True, foreach=False)
-
-
-def _packed_seq_params(mb: MicroBatch) -> Any:
-    """Megatron's ``thd`` description of a packed micro-batch (None when padded).
-
-    ``cu_seqlens`` stay on the CPU: Megatron's RoPE and vime's attention read them as
-    Python ints, which on the GPU would wait for the device twice per layer."""
-    if mb.cu_seqlens is None:
-        return None
-    from megatron.core.packed_seq_params import PackedSeqParams
-
-    longest = int((mb.cu_seqlens[1:] - mb.cu_seqlens[:-1]).max())
-    return PackedSeqParams(
-        qkv_format="thd",
-        cu_seqlens_q=mb.cu_seqlens,
-        cu_seqlens_kv=mb.cu_seqlens,
-        max_seqlen_q=longest,
-        max_seqlen_kv=longest,
-    )
-
-
-def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
-    if device.type == "cpu":
-        return mb
-    for name, value in vars(mb).items():
-        if isinstance(value, torch.Tensor) and name != "cu_seqlens":
-            setattr(mb, name, value.to(device, non_blocking=True))
-    return mb
