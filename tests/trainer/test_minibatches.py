@@ -109,6 +109,9 @@ def test_second_minibatch_ratio_clip_and_gradient_by_hand(hf_checkpoints, dist1,
     assert metrics["loss"] == pytest.approx((first_loss + loss) / 2, rel=1e-5, abs=1e-7)
     assert torch.allclose(second["grad"], grad, rtol=1e-5, atol=1e-9)
     assert metrics["clip_frac"] == pytest.approx(clipped / sum(tokens))
+    # The trainer/rollout gap is at the weights the step started from, in both mini-batches.
+    gap = sum(float(((c["old"] - c["rollout"]).abs() * c["mask"]).sum()) for c in calls)
+    assert metrics["train_rollout_logprob_abs_diff"] == pytest.approx(gap / sum(tokens))
 
 
 def test_one_minibatch_is_the_single_update_step(hf_checkpoints, dist1):

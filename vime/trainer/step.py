@@ -356,7 +356,9 @@ class Trainer:
                 terms.tis_clipped.sum(),
                 terms.kl.sum(),
                 (entropy.detach() * m).sum(),
-                ((logp.detach() - mb.rollout_logprobs).abs() * m).sum(),
+                # The gap at the weights the step started from (``old``): a later
+                # mini-batch's own log-probs include the step's earlier updates.
+                ((old - mb.rollout_logprobs).abs() * m).sum(),
                 torch.tensor(float(len(mb.indices)), device=loss.device),
             ]
         ).double()
