@@ -85,3 +85,27 @@ def test_help_lists_groups_and_keys():
     for group in ("env:", "model:", "trainer:", "engine:", "rollout:"):
         assert group in text
     assert "trainer.lr = " in text and "rollout.collector.n_samples = " in text
+
+
+def test_resume_starts_from_the_runs_own_config(tmp_path):
+    """resume=RUN keeps the run's config.yaml (presets and keys); the command's overrides
+    change only the keys they name; another preset than the run's fails naming it."""
+    from omegaconf import OmegaConf
+
+    first = load_config(["env=tools", "steps=7", "trainer.lr=1e-3", "rollout.batch_size=6"])
+    saved = OmegaConf.to_container(OmegaConf.structured(first))
+    saved["seed"] = 3  # a key older runs saved and vime has since dropped
+    (tmp_path / "config.yaml").write_text(OmegaConf.to_yaml(saved))
+    run = f"resume={tmp_path}"
+
+    again = load_config([run])
+    assert (again.env.id, again.steps, again.trainer.lr) == ("vime/Tools-v0", 7, 1e-3)
+    assert again.model.warm_start_steps == first.model.warm_start_steps  # the preset's
+    assert again.resume == str(tmp_path) and {"env": "tools"} in again.defaults
+    longer = load_config([run, "steps=9"])
+    assert (longer.env.id, longer.steps, longer.rollout.batch_size) == ("vime/Tools-v0", 9, 6)
+    assert load_config([run, "env=tools", "steps=9"]) == longer  # the run's preset, repeated
+    assert load_config([run, "trainer.lr=1e-5"]).trainer.lr == 1e-5  # the default, named
+    with pytest.raises(ConfigError, match=r"started with env=tools .* drop env=math") as err:
+        load_config([run, "env=math"])
+    assert err.value.key == "env"

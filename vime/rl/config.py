@@ -36,7 +36,7 @@ from hydra import compose, initialize
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from vime.agents.collector import CollectorConfig
@@ -232,7 +232,7 @@ class TrainConfig:
     run_root: str = "runs"  # a new run's folder: <run_root>/<YYYYmmdd-HHMMSS>-<name>
     name: str = ""  # the run folder's suffix; "" = the env's short name (vime/Math-v0: math)
     # A run folder to go on with: its newest complete checkpoint, its buffered steps after it,
-    # then new ones. The keys are this command's, not its config.yaml: repeat the overrides.
+    # then new ones, with the run's own config.yaml and this command's overrides on top.
     resume: str = ""
     # Every N steps, the last one and (new run) before step 1: env.eval_size held-out tasks,
     # a greedy episode each (eval/* metrics, <run>/eval/step_NNNNNN/); 0 = never.
@@ -493,26 +493,94 @@ def _store() -> None:
 def load_config(overrides: list[str]) -> TrainConfig:
     """Compose the train config from Hydra groups and ``key=value`` overrides.
 
+    The chosen presets are saved with the config (its ``defaults``). With ``resume=RUN``,
+    the run's saved ``config.yaml`` is the config and the overrides change only the keys
+    they name (``resume=RUN steps=80`` keeps the run's env, model, ...); a preset other
+    than the run's is an error.
+
     Example:
-        >>> load_config(["env=tools"]).env.id
-        'vime/Tools-v0'
+        >>> load_config(["env=tools"]).defaults[2]
+        {'env': 'tools'}
     """
     _store()
     GlobalHydra.instance().clear()
+    resume = next((o.split("=", 1)[1] for o in overrides if o.startswith("resume=")), "")
+    groups = [o for o in overrides if o.partition("=")[0].lstrip("+") in GROUPS]
     try:
         with initialize(version_base=None, config_path=None):
             composed = compose(config_name="vime_train", overrides=list(overrides))
             # The chosen presets alone: a key a preset sets is not the user's setting.
-            groups = [o for o in overrides if o.partition("=")[0].lstrip("+") in GROUPS]
-            presets = OmegaConf.to_container(compose(config_name="vime_train", overrides=groups))
+            presets: Any = compose(config_name="vime_train", overrides=groups)
+        resumed = bool(resume) and Path(resume, "config.yaml").exists()
+        if resumed:
+            presets = saved_run_config(Path(resume))  # checked when the run started
+            composed = _resumed(presets, composed, groups, _set_keys(overrides))
         cfg = OmegaConf.to_object(composed)
+        assert isinstance(cfg, TrainConfig)
+        if not resumed:  # Hydra drops the defaults list; a resumed run keeps its own
+            cfg.defaults = _chosen(cfg.defaults, groups)
     except ConfigError:
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
         raise _friendly(err, overrides) from None
+    presets = OmegaConf.to_container(presets)
     assert isinstance(cfg, TrainConfig) and isinstance(presets, dict)
     check_dependencies(cfg, {str(k): v for k, v in presets.items()})
     return cfg
+
+
+def _chosen(defaults: Any, groups: list[str]) -> list[Any]:
+    """The defaults list with the groups' choices (``env=tools``) in place of the defaults."""
+    choice = dict(g.lstrip("+").split("=", 1) for g in groups)
+    return [
+        {k: choice.get(k, v) for k, v in entry.items()} if isinstance(entry, dict) else entry
+        for entry in defaults
+    ]
+
+
+# Keys older runs saved that vime no longer has (the top-level seed: nothing read it).
+_REMOVED_KEYS = ("seed",)
+
+
+def saved_run_config(run_dir: Path) -> Any:
+    """A run's ``config.yaml`` over today's defaults (keys vime dropped since are skipped),
+    as an OmegaConf node typed by :class:`TrainConfig`.
+
+    Example (skipped as a doctest: it needs a run folder):
+        >>> saved_run_config(Path("runs/20261130-061500-math")).env.id  # doctest: +SKIP
+        'vime/Math-v0'
+    """
+    saved = OmegaConf.load(run_dir / "config.yaml")
+    if not isinstance(saved, DictConfig):
+        raise ConfigError(f"resume: {run_dir}/config.yaml is not a mapping", key="resume")
+    for key in _REMOVED_KEYS:
+        saved.pop(key, None)
+    return OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
+
+
+def _set_keys(overrides: list[str]) -> set[str]:
+    """The keys that ``key=value`` overrides name (not the groups)."""
+    return {o.partition("=")[0].lstrip("+~") for o in overrides if "=" in o} - set(GROUPS)
+
+
+def _resumed(saved: Any, composed: Any, groups: list[str], named: set[str]) -> Any:
+    """The saved config with the keys this command names set as it composed them; a
+    group chosen otherwise than the run's fails naming it."""
+    started = {
+        k: v for entry in saved.defaults if OmegaConf.is_dict(entry) for k, v in entry.items()
+    }
+    for group, _, choice in (g.lstrip("+").partition("=") for g in groups):
+        require(
+            started.get(group) == choice,
+            group,
+            f"the run was started with {group}={started.get(group)} and a resumed run keeps "
+            f"its presets (its config.yaml): drop {group}={choice}, set the keys to change "
+            "(key=value), or start a new run without resume",
+        )
+    out = OmegaConf.merge(saved)
+    for key in named:
+        OmegaConf.update(out, key, OmegaConf.select(composed, key), merge=False)
+    return out
 
 
 def _friendly(err: Exception, overrides: list[str]) -> ConfigError:

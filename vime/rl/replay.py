@@ -28,14 +28,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from vime.buffer import DataBuffer
 from vime.errors import ConfigError
 from vime.observability.metrics import MetricsLog
 from vime.observability.run_files import parse_options, run_folder, run_tokenizer
 from vime.rl.advantages import make_samples, needs_reference
-from vime.rl.config import TrainConfig
+from vime.rl.config import TrainConfig, saved_run_config
 from vime.rl.run_dir import RunDir
 from vime.types import Sample
 
@@ -62,19 +62,9 @@ class ReplayReport:
         return math.isclose(self.loss, self.recorded_loss, rel_tol=rtol, abs_tol=rtol * 1e-3)
 
 
-# Keys older runs saved that vime no longer has (the top-level seed: nothing read it).
-_REMOVED_KEYS = ("seed",)
-
-
 def saved_config(run_dir: Path) -> TrainConfig:
-    """The :class:`TrainConfig` a run saved in its ``config.yaml`` (keys vime dropped since
-    are skipped)."""
-    saved = OmegaConf.load(run_dir / "config.yaml")
-    assert isinstance(saved, DictConfig)
-    for key in _REMOVED_KEYS:
-        saved.pop(key, None)
-    merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), saved)
-    cfg = OmegaConf.to_object(merged)
+    """The :class:`TrainConfig` a run saved in its ``config.yaml``."""
+    cfg = OmegaConf.to_object(saved_run_config(run_dir))
     assert isinstance(cfg, TrainConfig)
     return cfg
 
