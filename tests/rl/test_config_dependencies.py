@@ -3,6 +3,8 @@ a preset's own values never count as the user's setting."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from vime.errors import ConfigError
@@ -60,3 +62,24 @@ def test_task_epochs_and_limit_reach_the_run():
     with pytest.raises(ConfigError, match=r"steps <= 1.*env.tasks.epochs >= 4") as err:
         train_source(cfg)
     assert err.value.key == "env.tasks.epochs"
+
+
+def test_eval_tasks_from_the_training_file_are_held_out(tmp_path):
+    from vime.rl.tasks import eval_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"id": f"t{i}", "question": f"{i} + 1", "answer": str(i + 1)} for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config([f"env.tasks.path={path}", "env.eval_size=3", "steps=1"])
+    cfg.rollout.batch_size = 7
+    evals = [t["id"] for t in eval_tasks(cfg.env)]
+    train = sorted(t["id"] for t in train_source(cfg).take(7))
+    assert evals == ["t0", "t1", "t2"] and train == sorted(f"t{i}" for i in range(3, 10))
+    cfg.env.eval_tasks = str(path)  # a file of its own: training keeps every task
+    assert len(train_source(cfg)) == 10
+    cfg.env.eval_tasks, cfg.eval_every = "", 0  # no evaluation: nothing held out
+    assert len(train_source(cfg)) == 10
+    cfg.eval_every, cfg.env.eval_size = 10, 10
+    with pytest.raises(ConfigError, match=r"leaves none of its 10 to train on") as err:
+        train_source(cfg)
+    assert err.value.key == "env.eval_size"

@@ -80,8 +80,9 @@ class EnvConfig:
     # env preset sets its own arguments.
     builtin_args: dict[str, Any] = field(default_factory=dict)
     eval_tasks: str = ""  # a .jsonl/.parquet file; "" = the training tasks' source
-    # Tasks per evaluation (eval_every): the first N of eval_tasks, else of tasks.path, else
-    # of the generator's draw with seed tasks.seed + 1000003 (or its eval split); 0 = none.
+    # Tasks per evaluation (eval_every): the first N of eval_tasks, else of tasks.path (held
+    # out while eval_every > 0: training draws the rest of that file), else of the
+    # generator's draw with seed tasks.seed + 1000003 (or its eval split); 0 = none.
     eval_size: int = 64
     # "module:function" giving a task's reference completion (text), used by the
     # supervised warm start; "" = the env has none (no warm start).

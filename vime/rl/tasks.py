@@ -101,7 +101,8 @@ def train_tasks(env: EnvConfig) -> list[Task]:
 
 def train_source(cfg: TrainConfig) -> TaskSource:
     """The training tasks as the run draws them: ``env.tasks``' order (``seed``,
-    ``shuffle``), its first ``limit`` tasks, ``epochs`` passes over them.
+    ``shuffle``), its first ``limit`` tasks, ``epochs`` passes over them; the tasks that
+    evaluation takes from ``env.tasks.path`` (:func:`eval_tasks`) are not among them.
 
     The epochs must hold the tasks the run draws at the least, ``steps`` ×
     round(``rollout.batch_size`` × ``rollout.oversample``), or the run fails here. Draws
@@ -116,9 +117,21 @@ def train_source(cfg: TrainConfig) -> TaskSource:
         6
     """
     t, r = cfg.env.tasks, cfg.rollout
-    source = TaskSource(
-        train_tasks(cfg.env), seed=t.seed, shuffle=t.shuffle, epochs=t.epochs, limit=t.limit
-    )
+    tasks = train_tasks(cfg.env)
+    # Evaluation with no file of its own takes the first env.eval_size tasks of the
+    # training file (eval_tasks): the run holds them out.
+    held_out = cfg.env.eval_size if t.path and not cfg.env.eval_tasks and cfg.eval_every else 0
+    if held_out:
+        if len(tasks) <= held_out:
+            raise ConfigError(
+                f"env.eval_size: the first {held_out} tasks of {t.path} are held out for "
+                f"evaluation, which leaves none of its {len(tasks)} to train on: set "
+                "env.eval_tasks (a file of held-out tasks), a smaller env.eval_size, or "
+                "eval_every=0",
+                key="env.eval_size",
+            )
+        tasks = tasks[held_out:]
+    source = TaskSource(tasks, seed=t.seed, shuffle=t.shuffle, epochs=t.epochs, limit=t.limit)
     per_step = max(1, round(r.batch_size * r.oversample))
     if t.epochs is not None and t.epochs * len(source) < cfg.steps * per_step:
         fit = t.epochs * len(source) // per_step
@@ -134,8 +147,9 @@ def train_source(cfg: TrainConfig) -> TaskSource:
 
 def eval_tasks(env: EnvConfig) -> list[Task]:
     """``env.eval_size`` tasks from ``env.eval_tasks``, else from the training source
-    (bundled generators are drawn with another seed, or their held-back ``"eval"``
-    split when they keep one: held-out tasks).
+    (the first tasks of ``env.tasks.path``, which training then skips; bundled generators
+    are drawn with another seed, or their held-back ``"eval"`` split when they keep one:
+    held-out tasks either way).
 
     Example:
         >>> eval_tasks(EnvConfig(eval_size=0))
