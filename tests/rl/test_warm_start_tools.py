@@ -135,3 +135,22 @@ def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path):
     trained = [r["samples/trained"] for r in result.metrics if r["step"] > 0]
     assert sum(trained) > 0  # groups with mixed rewards: RL had something to learn from
     assert (result.run_dir / "reward.png").exists()
+
+
+def test_demonstrations_render_with_the_collectors_template_kwargs(tiny_model_dir, tmp_path):
+    """rollout.collector.chat_template_kwargs reach the warm start: the demonstrations'
+    prompts are rendered as RL's episodes will be (Qwen3's enable_thinking=false writes an
+    empty think block into every generation prompt)."""
+    from vime.models.templates import with_chat_template
+
+    tok = AutoTokenizer.from_pretrained(with_chat_template(tiny_model_dir, "qwen3", tmp_path))
+    task = {"id": "t", "question": "What is 1+2?", "answer": "3"}
+    math = envs.make("vime/Math-v0")
+    plain = demonstration_sample(math, tok, "vime/Math-v0", task, "\\boxed{3}")
+    quiet = demonstration_sample(
+        math, tok, "vime/Math-v0", task, "\\boxed{3}", {"enable_thinking": False}
+    )
+    assert "<think>" not in tok.decode(plain.tokens)
+    assert "<think>\n\n</think>" in tok.decode(quiet.tokens)
+    trained = [t for t, m in zip(quiet.tokens, quiet.loss_mask, strict=True) if m]
+    assert tok.decode(trained).startswith("\\boxed")

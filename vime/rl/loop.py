@@ -183,6 +183,8 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
             )
         return path
     base = build_tiny_model()
+    if cfg.model.chat_template:  # the warm start renders its demonstrations as RL will
+        base = with_chat_template(base, cfg.model.chat_template, run.root / "model")
     if tiny_model_warning(cfg.env.id):
         log.warning("%s", tiny_model_warning(cfg.env.id))
     if cfg.model.warm_start_steps == 0:
@@ -195,7 +197,7 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
         )
         return base
     cache = Path(os.environ.get("VIME_CACHE_DIR", PROJECT_ROOT / ".cache")) / "models"
-    return warm_start(base, cfg.model, cfg.env, cache)
+    return warm_start(base, cfg.model, cfg.env, cache, cfg.rollout.collector.chat_template_kwargs)
 
 
 def trainer_group(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:

@@ -83,10 +83,19 @@ def tiny_model_warning(env_id: str) -> str:
     return NEEDS_REAL_MODEL.get(env_id, "")
 
 
-def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
-    """Content hash of everything that determines the warm-started weights."""
+def cache_key(
+    model_dir: Path, model: ModelConfig, env: EnvConfig, template_kwargs: dict[str, Any]
+) -> str:
+    """Content hash of everything that determines the warm-started weights (the chat
+    template and its arguments too: they decide the demonstrations' tokens)."""
     digest = hashlib.sha256()
-    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+    for name in (
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    ):
         if (model_dir / name).exists():
             digest.update((model_dir / name).read_bytes())
     info = digest.hexdigest()
@@ -98,6 +107,7 @@ def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
             "env_kwargs": env.kwargs,
             "tasks": [env.builtin_tasks, env.builtin_args, env.tasks.path],
             "demonstrations": env.demonstrations,
+            "template_kwargs": template_kwargs,
             "steps": model.warm_start_steps,
             "batch": model.warm_start_batch,
             "lr": model.warm_start_lr,
@@ -108,9 +118,19 @@ def cache_key(model_dir: Path, model: ModelConfig, env: EnvConfig) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()[:12]
 
 
-def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: Path) -> Path:
-    """Return the folder of ``model_dir`` after the warm start (built once, then cached)."""
-    out = cache_root / f"warm-{cache_key(model_dir, model, env)}"
+def warm_start(
+    model_dir: Path,
+    model: ModelConfig,
+    env: EnvConfig,
+    cache_root: Path,
+    template_kwargs: dict[str, Any] | None = None,
+) -> Path:
+    """Return the folder of ``model_dir`` after the warm start (built once, then cached).
+
+    ``template_kwargs`` are the collector's ``chat_template_kwargs``: the demonstrations
+    are rendered as RL's episodes will be."""
+    template_kwargs = dict(template_kwargs or {})
+    out = cache_root / f"warm-{cache_key(model_dir, model, env, template_kwargs)}"
     if (out / "config.json").exists() and (out / "model.safetensors").exists():
         return out
     cache_root.mkdir(parents=True, exist_ok=True)
@@ -125,6 +145,7 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
         "tasks_args": env.builtin_args,
         "tasks_path": env.tasks.path,
         "demonstrations": env.demonstrations,
+        "template_kwargs": template_kwargs,
     }
     # The child is a world of its own: under torchrun it must not join the run's world.
     env_vars = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
@@ -148,7 +169,12 @@ def warm_start(model_dir: Path, model: ModelConfig, env: EnvConfig, cache_root: 
 
 
 def demonstration_sample(
-    env: Any, tokenizer: Any, env_id: str, task: Task, turns: str | list[str]
+    env: Any,
+    tokenizer: Any,
+    env_id: str,
+    task: Task,
+    turns: str | list[str],
+    template_kwargs: dict[str, Any] | None = None,
 ) -> Sample:
     r"""One demonstration played in ``env``: its tokens, loss mask 1 on the assistant's turns.
 
@@ -168,7 +194,13 @@ def demonstration_sample(
     turns = [turns] if isinstance(turns, str) else list(turns)
     where = f"env.demonstrations for task {task.get('id')!r} of {env_id}"
     messages, _ = env.reset(options={"task": task})
-    chat = ChatTokens(tokenizer, messages, tools=getattr(env, "tools", None), env_id=env_id)
+    chat = ChatTokens(
+        tokenizer,
+        messages,
+        tools=getattr(env, "tools", None),
+        env_id=env_id,
+        chat_template_kwargs=template_kwargs,
+    )
     reward, done = 0.0, False
     for i, text in enumerate(turns):
         if done:
@@ -207,7 +239,14 @@ def _run(spec: dict[str, Any]) -> None:
     env = envs.make(spec["env_id"], **spec["env_kwargs"])
     try:
         samples = [
-            demonstration_sample(env, tokenizer, spec["env_id"], task, demonstration(task))
+            demonstration_sample(
+                env,
+                tokenizer,
+                spec["env_id"],
+                task,
+                demonstration(task),
+                spec["template_kwargs"],
+            )
             for task in tasks
         ]
     finally:
