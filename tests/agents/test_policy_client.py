@@ -281,3 +281,54 @@ def test_connection_dropped_under_a_request_is_resent_at_once(transport: str) ->
     ids, attempts, elapsed = asyncio.run(run())
     assert (ids, attempts, requests) == ([4, 2], 2, 2)
     assert elapsed < 2.0, f"the resend waited {elapsed:.1f} s (the backoff is 5 s)"
+
+
+def test_requests_aborted_by_a_sync_ask_the_paused_server_once() -> None:
+    """A weight sync aborts every request in flight at once; each one asks /is_paused
+    before it waits for the new version. They share the question, so the server (busy
+    loading weights) answers a handful, not one per request; all continue afterwards."""
+    from aiohttp import web
+
+    sessions, asked = 64, [0]
+    aborted: set[int] = set()
+
+    async def completions(request: web.Request) -> web.Response:
+        body = await request.json()
+        first = body["prompt"][0]
+        if first not in aborted:  # each session's first request is cut by the sync
+            aborted.add(first)
+            return web.json_response(completion([7], finish_reason="abort"))
+        return web.json_response(completion([8, 9]))
+
+    async def is_paused(request: web.Request) -> web.Response:
+        asked[0] += 1
+        await asyncio.sleep(0.02)  # a busy server
+        return web.json_response({"is_paused": True})
+
+    async def run() -> list:
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/is_paused", is_paused)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        url = f"http://127.0.0.1:{port}"
+        client = PolicyClient.from_urls(url, model="m", http_transport="direct")
+        try:
+            calls = [
+                client.generate([i, 1], SamplingParams(max_tokens=3), session=f"s{i}")
+                for i in range(sessions)
+            ]
+            outs = asyncio.gather(*calls)
+            await asyncio.sleep(0.3)
+            client.set_weight_version(url, 1)  # the sync lands
+            return await outs
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    outs = asyncio.run(run())
+    assert all(o.token_ids == [7, 8, 9] for o in outs)  # every turn continued
+    assert 1 <= asked[0] <= 4, asked[0]

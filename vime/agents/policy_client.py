@@ -194,6 +194,8 @@ class PolicyClient:
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
+        # url -> the /is_paused request in flight (or just answered) that callers share.
+        self._pause_probes: dict[str, tuple[asyncio.Future[bool], float]] = {}
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -452,7 +454,20 @@ class PolicyClient:
         return parse_completion(data, url, version, time.perf_counter() - start, tries[0])
 
     async def _is_paused(self, url: str) -> bool:
-        """Whether ``url`` is paused (a weight sync in progress); False if it cannot say."""
+        """Whether ``url`` is paused (a weight sync in progress); False if it cannot say.
+
+        A sync aborts every request in flight at once and each one asks: callers share the
+        request in flight and an answer younger than 0.1 s, so the server, busy loading
+        the new weights, answers a few questions, not hundreds."""
+        loop = asyncio.get_running_loop()
+        probe, asked = self._pause_probes.get(url, (None, 0.0))
+        fresh = probe is not None and (not probe.done() or time.monotonic() - asked < 0.1)
+        if probe is None or not fresh or probe.get_loop() is not loop:
+            probe, asked = loop.create_task(self._ask_paused(url)), time.monotonic()
+            self._pause_probes[url] = (probe, asked)
+        return await asyncio.shield(probe)
+
+    async def _ask_paused(self, url: str) -> bool:
         try:
             async with self._aiohttp_session().get(f"{url}/is_paused") as resp:
                 return bool((await resp.json()).get("is_paused"))
