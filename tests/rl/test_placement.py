@@ -24,6 +24,15 @@ def test_tp_pp_must_divide_the_world():
         check_placement(PlacementConfig(tp=2, pp=2), Cluster(world_size=6, local_world_size=6))
 
 
+def test_ep_must_divide_the_world_and_the_experts():
+    assert check_placement(PlacementConfig(ep=2), Cluster(world_size=4)).ep == 2
+    with pytest.raises(ConfigError, match=r"pp × ep = 2 × 2 must divide the 2") as err:
+        check_placement(PlacementConfig(pp=2, ep=2), Cluster(world_size=2))
+    assert err.value.key == "placement.ep"
+    with pytest.raises(ConfigError, match=r"placement\.ep: must be >= 1"):
+        PlacementConfig(ep=0)
+
+
 def test_gpu_layouts():
     node = Cluster(world_size=4, local_world_size=4, cuda_devices=8)
     split = check_placement(PlacementConfig(engines_per_node=2, engine_tp=2), node)

@@ -202,7 +202,18 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
 
 def trainer_group(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
     """(Every rank.) The policy's trainer with π_ref (a KL term) and the critic (GAE)."""
-    trainer = Trainer(model_dir, cfg.trainer, tp=ranks.layout.tp, pp=ranks.layout.pp)
+    layout = ranks.layout
+    trainer = Trainer(model_dir, cfg.trainer, tp=layout.tp, pp=layout.pp, ep=layout.ep)
+    if trainer.parallel.rank == 0:
+        experts = trainer.spec.num_experts
+        log.info(
+            "trainer grid: tp=%d pp=%d dp=%d ep=%d%s",
+            layout.tp,
+            layout.pp,
+            layout.dp,
+            layout.ep,
+            f" ({experts // layout.ep} of {experts} experts per rank)" if experts else "",
+        )
     reap_checkpoint_writer_with_this_process()
     # The model's many long-lived Python objects would be rescanned by every full garbage
     # collection that the collector's allocations trigger: frozen, they are skipped
@@ -232,7 +243,7 @@ def _start_trainer(
 def trainer_child(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> TrainerGroup:
     """(The trainer's own process, ``placement.trainer_process``.) Join torch.distributed
     as a world of one, then build what :func:`trainer_group` builds."""
-    init_distributed(ranks.layout.tp, ranks.layout.pp)
+    init_distributed(ranks.layout.tp, ranks.layout.pp, ranks.layout.ep)
     TRACE.enable(cfg.trace.enabled)  # its spans travel back with each call's result
     return trainer_group(cfg, model_dir, ranks)
 
@@ -259,7 +270,8 @@ def _critic(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> Critic | None:
             "the critic reads the policy's token ids; pass a model with the same tokenizer",
             key="critic.path",
         )
-    return Critic(path, cfg.trainer, cfg.critic, tp=ranks.layout.tp, pp=ranks.layout.pp)
+    layout = ranks.layout
+    return Critic(path, cfg.trainer, cfg.critic, tp=layout.tp, pp=layout.pp, ep=layout.ep)
 
 
 def _learn(

@@ -36,6 +36,9 @@ class PlacementConfig:
         tp, pp: the trainer's tensor- and pipeline-parallel sizes; the data-parallel
             size is what is left of the world: ``world_size / (tp × pp)``.
         cp: context parallelism (1 only: it needs Transformer Engine's attention).
+        ep: expert parallelism (mixture-of-experts models): each group of ``ep`` ranks
+            splits the experts, each rank holding ``num_experts / ep`` whole experts;
+            ``pp × ep`` must divide the world.
         engines_per_node: vLLM servers each node's local rank 0 launches; ``None``: one,
             or none when ``engine_urls`` (or ``engine.url``) name external engines.
         engine_tp: devices per engine (vLLM's ``--tensor-parallel-size``; GPU only).
@@ -58,6 +61,7 @@ class PlacementConfig:
     tp: int = 1
     pp: int = 1
     cp: int = 1
+    ep: int = 1
     engines_per_node: int | None = None
     engine_tp: int = 1
     engine_devices: list[int] = field(default_factory=list)
@@ -68,6 +72,7 @@ class PlacementConfig:
     def __post_init__(self) -> None:
         require(self.tp >= 1, "placement.tp", "must be >= 1")
         require(self.pp >= 1, "placement.pp", "must be >= 1")
+        require(self.ep >= 1, "placement.ep", "must be >= 1")
         require(
             self.cp == 1,
             "placement.cp",
@@ -157,6 +162,7 @@ class Layout:
     engines_per_node: int
     engine_devices: tuple[tuple[int, ...], ...]  # per engine on this node (GPU), else ()
     colocated: bool = False  # engines share the trainer's GPUs: they sleep while it trains
+    ep: int = 1  # expert-parallel size (mixture-of-experts models)
 
     @property
     def trainer_ranks(self) -> int:
@@ -182,6 +188,13 @@ def check_placement(p: PlacementConfig, cluster: Cluster, *, external: int = 0) 
             "torchrun's --nnodes × --nproc-per-node",
             key="placement.tp",
         )
+    if world % (p.pp * p.ep) != 0:
+        raise ConfigError(
+            f"placement.ep: pp × ep = {p.pp} × {p.ep} must divide the {world} trainer ranks "
+            "(each expert-parallel group holds every expert once); change placement.ep or "
+            "the number of ranks",
+            key="placement.ep",
+        )
     engines = p.launched_per_node(external)
     if engines == 0 and external == 0:
         raise ConfigError(
@@ -191,7 +204,7 @@ def check_placement(p: PlacementConfig, cluster: Cluster, *, external: int = 0) 
         )
     devices = _engine_devices(p, cluster, engines)
     colocated = p.mode == "colocated"
-    return Layout(p.tp, p.pp, world // (p.tp * p.pp), engines, devices, colocated)
+    return Layout(p.tp, p.pp, world // (p.tp * p.pp), engines, devices, colocated, p.ep)
 
 
 def _engine_devices(

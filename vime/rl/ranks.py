@@ -74,7 +74,7 @@ class Ranks:
         cluster = Cluster.from_env()
         layout = check_placement(placement, cluster, external=external)
         if join:
-            init_distributed(layout.tp, layout.pp)
+            init_distributed(layout.tp, layout.pp, layout.ep)
         control = None
         if cluster.world_size > 1:
             # Objects travel on gloo even when the trainer uses NCCL (no device copies).

@@ -136,9 +136,12 @@ class Critic(Trainer):
         *,
         tp: int = 1,
         pp: int = 1,
+        ep: int = 1,
     ) -> None:
         self.critic_config = critic
-        super().__init__(hf_folder, critic_trainer_config(trainer_config, critic), tp=tp, pp=pp)
+        super().__init__(
+            hf_folder, critic_trainer_config(trainer_config, critic), tp=tp, pp=pp, ep=ep
+        )
 
     def _build_model(self, dtype: torch.dtype) -> Any:
         """The policy's stage with a zero value head on the last stage; the vocabulary

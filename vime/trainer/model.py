@@ -301,7 +301,8 @@ def megatron_config_from_hf(
         )
     if ep > 1 and (not spec.num_experts or spec.num_experts % ep):
         raise UnsupportedArchitectureError(
-            f"expert parallel size {ep} must divide num_experts={spec.num_experts}"
+            f"placement.ep={ep} must divide the model's num_experts={spec.num_experts} "
+            "(a dense model has none: leave placement.ep=1)"
         )
     return TransformerConfig(
         num_layers=spec.num_layers,

@@ -40,8 +40,9 @@ class ParallelInfo:
     dp_rank: int
 
 
-def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
-    """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups.
+def init_distributed(tp: int = 1, pp: int = 1, ep: int = 1) -> ParallelInfo:
+    """Initialise torch.distributed (if needed) and Megatron's TP/PP/DP groups (and the
+    expert-parallel ones: ``ep`` ranks split the experts, each expert whole on its rank).
 
     Calling it again with other sizes rebuilds the Megatron groups on the same world
     (e.g. a test that loads a TP=2 checkpoint at TP=1 in one process).
@@ -82,11 +83,19 @@ def init_distributed(tp: int = 1, pp: int = 1) -> ParallelInfo:
         same = (
             ps.get_tensor_model_parallel_world_size() == tp
             and ps.get_pipeline_model_parallel_world_size() == pp
+            and ps.get_expert_model_parallel_world_size() == ep
         )
         if not same:
             ps.destroy_model_parallel()
     if not ps.model_parallel_is_initialized():
-        ps.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            expert_model_parallel_size=ep,
+            # Whole experts per rank under EP (megatron-core's default would split each
+            # expert over the TP ranks too); with ep=1 the default (tp) stays.
+            expert_tensor_parallel_size=1 if ep > 1 else None,
+        )
     return parallel_info()
 
 

@@ -89,6 +89,7 @@ class Trainer:
         *,
         tp: int = 1,
         pp: int = 1,
+        ep: int = 1,
     ) -> None:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from transformers import AutoConfig
@@ -97,7 +98,7 @@ class Trainer:
         self.hf_folder = Path(hf_folder)
         if not (self.hf_folder / "config.json").exists():
             raise TrainerError(f"{self.hf_folder} has no config.json: pass an HF checkpoint folder")
-        self.parallel: ParallelInfo = init_distributed(tp, pp)
+        self.parallel: ParallelInfo = init_distributed(tp, pp, ep)
         init_rng_tracker(self.config.seed)
         self.hf_config = AutoConfig.from_pretrained(self.hf_folder)
         dtype = DTYPES[self.config.dtype]
