@@ -86,3 +86,21 @@ def test_sync_tells_the_policy_client_each_engines_version(tmp_path):
         failing.sync(6)
     # Only the engine that loaded v6 is recorded at v6: requests are never mislabelled.
     assert [policy.weight_version(e.url) for e in engines] == [6, 5]
+
+
+def test_sync_reports_the_engines_own_split_of_the_load(tmp_path):
+    from vime.engine.client import WeightUpdate
+
+    class TimedEngine(FlakyEngine):
+        def update_weights_from_disk(self, path, version, *, pause_mode="keep"):
+            super().update_weights_from_disk(path, version, pause_mode=pause_mode)
+            phases = {"pause": 0.1, "reload": 0.5, "reset_prefix_cache": 0.05, "resume": 0.2}
+            return WeightUpdate(str(version), str(path), True, phases)
+
+    engines = [TimedEngine(0, "http://a:1"), TimedEngine(0, "http://b:1")]
+    out = DiskWeightSync(Exporter(), engines, tmp_path / "weights").sync(1)
+    assert out["sync/pause_s"] == pytest.approx(0.6)  # pause + resume, both engines
+    assert out["sync/reload_s"] == pytest.approx(1.0)
+    assert out["sync/cache_reset_s"] == pytest.approx(0.1)
+    plain = DiskWeightSync(Exporter(), [FlakyEngine(0)], tmp_path / "w2").sync(1)
+    assert "sync/reload_s" not in plain  # an engine that does not time its load

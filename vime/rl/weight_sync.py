@@ -103,7 +103,9 @@ class DiskWeightSync:
     def sync(self, version: int) -> dict[str, float]:
         """Export once, load into every engine, verify; returns timings in seconds:
         ``sync/export_s`` (gather the shards and write the HF folder), ``sync/load_s``
-        (the engines' pause, reload and resume, one after the other), ``sync/total_s``.
+        (the engines' pause, reload and resume, one after the other) and its split as the
+        engines time it (``sync/pause_s``: pause + resume, ``sync/reload_s``,
+        ``sync/cache_reset_s``), ``sync/total_s``.
 
         Example (skipped as a doctest: it needs a trainer and a running engine):
             >>> sync.sync(3)["sync/load_s"]  # doctest: +SKIP
@@ -115,18 +117,27 @@ class DiskWeightSync:
         t1 = time.perf_counter()
         target = self._export(version)
         t2 = time.perf_counter()
+        phases: dict[str, float] = {}  # the engines' own split of load_s, summed
         for engine in self.engines:
-            self._load(engine, target, version)
+            timings = getattr(self._load(engine, target, version), "timings", None) or {}
+            for phase, seconds in timings.items():
+                phases[phase] = phases.get(phase, 0.0) + seconds
             if self.policy is not None:
                 self.policy.set_weight_version(engine.url, version)
         t3 = time.perf_counter()
         self.latest = target
         self.version = version
         self._prune()
+        split = {
+            "sync/pause_s": phases.get("pause", 0.0) + phases.get("resume", 0.0),
+            "sync/reload_s": phases.get("reload", 0.0),
+            "sync/cache_reset_s": phases.get("reset_prefix_cache", 0.0),
+        }
         return {
             "sync/restart_s": t1 - t0,
             "sync/export_s": t2 - t1,
             "sync/load_s": t3 - t2,
+            **(split if phases else {}),
             "sync/total_s": time.perf_counter() - t0,
         }
 
@@ -190,11 +201,15 @@ class DiskWeightSync:
             reraise=True,
         )
 
-    def _load(self, engine: WeightTarget, path: Path, version: int) -> None:
+    def _load(self, engine: WeightTarget, path: Path, version: int) -> object:
+        """Load ``path`` into ``engine`` (retried); returns what its last attempt returned."""
+        update: object = None
         try:
             for attempt in self._retrying():
                 with attempt:
-                    engine.update_weights_from_disk(path, version, pause_mode=self.pause_mode)
+                    update = engine.update_weights_from_disk(
+                        path, version, pause_mode=self.pause_mode
+                    )
                     reported = engine.get_weight_version()
                     if reported is not None and str(reported) != str(version):
                         raise EngineError(
@@ -208,6 +223,7 @@ class DiskWeightSync:
                 "train on from stale engine weights; resume with resume=RUN_DIR once the "
                 "engine is healthy."
             ) from err
+        return update
 
     def _prune(self) -> None:
         exports = sorted(p for p in self.folder.glob("v*") if _EXPORT.match(p.name))
