@@ -40,6 +40,8 @@ from vime.rl.loop import prepare_model, train
 from vime.rl.run_dir import RunDir
 
 KEYS = ("time/rollout_s", "time/train_s", "time/sync_s", "time/step_s")
+# The sync's own split (disk sync: the export, then the engine's pause, reload and reset).
+SYNC_KEYS = ("sync/export_s", "sync/pause_s", "sync/reload_s", "sync/cache_reset_s")
 
 
 def main() -> int:
@@ -144,6 +146,10 @@ def _compare(args: argparse.Namespace, base: list[str], server: VLLMServer) -> i
         print(
             f"{mode:<6}" + "".join(f"{medians[mode][k]:>11.2f}s" for k in KEYS) + f"{reward:>10.3f}"
         )
+    print(f"\n{'sync':<6}" + "".join(f"{k.split('/')[1]:>14}" for k in SYNC_KEYS))
+    for mode, rows in results.items():
+        cells = [statistics.median(r.get(k, float("nan")) for r in rows) for k in SYNC_KEYS]
+        print(f"{mode:<6}" + "".join(f"{c:>13.2f}s" for c in cells))
     ratio = medians["async"]["time/step_s"] / medians["sync"]["time/step_s"]
     print(f"\nasync / sync wall time per step: {ratio:.2f}× (speed-up {1 / ratio:.2f}×)")
     whole = statistics.median(totals["async"]) / statistics.median(totals["sync"])
