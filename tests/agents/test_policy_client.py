@@ -71,6 +71,18 @@ def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
     return client, seen
 
 
+async def _serve(app) -> tuple:
+    """Start ``app`` (aiohttp) on a free local port: its runner (cleanup) and its URL."""
+    from aiohttp import web
+
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    return runner, f"http://127.0.0.1:{port}"
+
+
 def test_request_carries_token_ids_and_vllm_fields() -> None:
     client, seen = client_with(lambda n: httpx2.Response(200, json=completion([7, 8, 2])))
     params = SamplingParams(
@@ -207,12 +219,7 @@ def test_transports_map_errors_alike(transport: str) -> None:
     async def run() -> None:
         app = web.Application()
         app.router.add_post("/v1/completions", handler)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://127.0.0.1:{port}"
+        runner, url = await _serve(app)
         client = PolicyClient.from_urls(
             url, model="m", http_transport=transport, max_attempts=2, backoff_initial_s=0.001
         )
@@ -309,12 +316,7 @@ def test_requests_aborted_by_a_sync_ask_the_paused_server_once() -> None:
         app = web.Application()
         app.router.add_post("/v1/completions", completions)
         app.router.add_get("/is_paused", is_paused)
-        runner = web.AppRunner(app)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        url = f"http://127.0.0.1:{port}"
+        runner, url = await _serve(app)
         client = PolicyClient.from_urls(url, model="m", http_transport="direct")
         try:
             calls = [
