@@ -238,7 +238,16 @@ def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, t
 
     # The 2-rank run saved a TP=2 distributed checkpoint; one rank resumes it at TP=1.
     resumed = train(
-        load_config(_overrides(tmp_path / "two", shared_engine.url, "steps=2", f"resume={two_dir}"))
+        # The run's config.yaml says placement.tp=2 now (resume keeps it): name the new grid.
+        load_config(
+            _overrides(
+                tmp_path / "two",
+                shared_engine.url,
+                "steps=2",
+                "placement.tp=1",
+                f"resume={two_dir}",
+            )
+        )
     )
     last = resumed.metrics[-1]
     assert (last["step"], last["weight_version"]) == (2, 2)

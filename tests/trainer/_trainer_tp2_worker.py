@@ -194,8 +194,7 @@ def _train_tp2_ep2(family: str, folder: str, out: Path) -> dict[str, float]:
     from vime.trainer.step import Trainer, TrainerConfig
 
     ps.destroy_model_parallel()
-    ps.initialize_model_parallel(2, 1, expert_model_parallel_size=2, expert_tensor_parallel_size=1)
-    trainer = Trainer(folder, TrainerConfig(**MOE_TRAIN, pack_sequences=True), tp=2)
+    trainer = Trainer(folder, TrainerConfig(**MOE_TRAIN, pack_sequences=True), tp=2, ep=2)
     experts = {
         n.split("local_experts.")[1].split(".")[0]
         for n, _ in trainer.module.named_parameters()
