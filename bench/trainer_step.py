@@ -11,6 +11,9 @@ limits another's:
 - ``megatron``: a plain megatron-core loop: ``GPTModel`` with the local layer spec and
   vime's SDPA core attention, its own vocab-parallel cross-entropy (``labels=``), params
   in the training dtype, ``torch.optim.AdamW(fused=True)`` on a GPU, grad clipping;
+- ``megatron_mp``: the same plain loop at vime's numerics: Megatron DDP (fp32 gradient
+  accumulation) and Megatron's mixed-precision optimizer (fp32 master weights), as
+  Megatron-LM trains in bf16;
 - ``hf``: plain transformers (SDPA attention), float32 weights under
   ``torch.autocast(bfloat16)`` on a GPU, dense fp32 log-softmax, the same token-mean
   policy-gradient loss as vime, ``torch.optim.AdamW(fused=True)``;
@@ -74,7 +77,7 @@ SIZES: dict[str, dict[str, Any]] = {
         vocab_size=1024,
     ),
 }
-LOOPS = ("vime", "megatron", "hf", "vime_packed")
+LOOPS = ("vime", "megatron", "megatron_mp", "hf", "vime_packed")
 
 
 def build_model(size: str, folder: Path, dtype: str) -> Path:
@@ -180,7 +183,8 @@ def vime_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: Any):
     return step, sum(p.numel() for p in trainer.module.parameters())
 
 
-def megatron_loop(folder: Path, rows: list[list[int]], dtype: str):
+def _plain_gpt(folder: Path, dtype: str) -> Any:
+    """The plain loops' megatron-core ``GPTModel`` of the HF folder's shape (random weights)."""
     import torch
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -228,12 +232,25 @@ def megatron_loop(folder: Path, rows: list[list[int]], dtype: str):
         share_embeddings_and_output_weights=False,
     )
     # The local spec's RMSNorm keeps float32 weights whatever params_dtype says.
-    model.to(device="cuda" if cuda else "cpu", dtype=torch_dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0, fused=cuda)
-    device = next(model.parameters()).device
+    return model.to(device="cuda" if cuda else "cpu", dtype=torch_dtype)
+
+
+def _lm_inputs(rows: list[list[int]], device: Any) -> tuple[Any, Any, Any]:
+    import torch
+
     ids = torch.tensor(rows, device=device)
     inputs, labels = ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
     pos = torch.arange(inputs.shape[1], device=device)[None].expand_as(inputs)
+    return inputs, labels, pos
+
+
+def megatron_loop(folder: Path, rows: list[list[int]], dtype: str):
+    import torch
+
+    model = _plain_gpt(folder, dtype)
+    cuda = torch.cuda.is_available()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.0, fused=cuda)
+    inputs, labels, pos = _lm_inputs(rows, next(model.parameters()).device)
     total = labels.numel()
 
     def step(rows_per_micro: int) -> None:
@@ -244,6 +261,53 @@ def megatron_loop(folder: Path, rows: list[list[int]], dtype: str):
             (per_token.float().sum() / total).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+
+    return step, sum(p.numel() for p in model.parameters())
+
+
+def megatron_mp_loop(folder: Path, rows: list[list[int]], dtype: str):
+    """The plain megatron-core loop at vime's numerics: Megatron DDP with fp32 gradient
+    accumulation and Megatron's mixed-precision optimizer (fp32 master weights), as
+    Megatron-LM trains in bf16; the loss is still its own fused cross-entropy."""
+    import torch
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from vime.trainer.compat import cpu_device_scope
+    from vime.trainer.step import use_fused_adam
+
+    model = _plain_gpt(folder, dtype)
+    torch_dtype = getattr(torch, dtype)
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+    )
+    opt_config = OptimizerConfig(
+        optimizer="adam",
+        lr=1e-6,
+        weight_decay=0.0,
+        clip_grad=1.0,
+        bf16=torch_dtype == torch.bfloat16,
+        params_dtype=torch_dtype,
+        use_distributed_optimizer=False,
+    )
+    with cpu_device_scope():
+        ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+        opt = get_megatron_optimizer(opt_config, [ddp])
+    if torch.cuda.is_available():
+        use_fused_adam(opt)
+    inputs, labels, pos = _lm_inputs(rows, next(model.parameters()).device)
+    total = labels.numel()
+
+    def step(rows_per_micro: int) -> None:
+        ddp.zero_grad_buffer()
+        opt.zero_grad()
+        for lo in range(0, len(rows), rows_per_micro):
+            sl = slice(lo, lo + rows_per_micro)
+            per_token = ddp(inputs[sl], pos[sl], None, labels=labels[sl])
+            (per_token.float().sum() / total).backward()
+        ddp.finish_grad_sync()
+        with cpu_device_scope():
+            opt.step()
 
     return step, sum(p.numel() for p in model.parameters())
 
@@ -296,6 +360,7 @@ def vime_packed_loop(folder: Path, rows: list[list[int]], dtype: str, **opts: An
 BUILDERS = {
     "vime": vime_loop,
     "megatron": megatron_loop,
+    "megatron_mp": megatron_mp_loop,
     "hf": hf_loop,
     "vime_packed": vime_packed_loop,
 }
@@ -383,7 +448,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, help="rows per step (default: 4 GPU, 4 CPU)")
     parser.add_argument("--seq", type=int, help="tokens per row (default: 4096 GPU, 128 CPU)")
     parser.add_argument("--rows", type=int, nargs="+", default=[1], help="rows per micro-batch")
-    parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS[:3]))
+    parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS[:4]))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--folder", help="an existing checkpoint built by this script")
@@ -458,7 +523,7 @@ def main() -> None:
         )
     for per_micro in args.rows:
         vime = by_key.get(("vime", per_micro))
-        for other in ("megatron", "hf", "vime_packed"):
+        for other in ("megatron", "megatron_mp", "hf", "vime_packed"):
             base = by_key.get((other, per_micro))
             if vime and base:
                 print(

@@ -153,7 +153,7 @@ class Trainer:
         )
         optimizer = get_megatron_optimizer(opt_config, [self.model])
         if cuda_available():
-            _use_fused_adam(optimizer)
+            use_fused_adam(optimizer)
         return optimizer
 
     def _build_scheduler(self) -> Any:
@@ -524,7 +524,7 @@ class Trainer:
         return export_hf(self.module, folder, like=self.hf_folder)
 
 
-def _use_fused_adam(optimizer: Any) -> None:
+def use_fused_adam(optimizer: Any) -> None:
     """Run torch's AdamW under Megatron's optimizer as one fused CUDA kernel.
 
     Without transformer-engine or apex, megatron-core falls back to ``torch.optim.AdamW``
