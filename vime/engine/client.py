@@ -75,10 +75,13 @@ class EngineClient:
     # ------------------------------------------------------------------ transport
 
     def _request(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        t0 = time.perf_counter()
         try:
             r = self._http.request(method, path, **kw)
         except httpx.HTTPError as err:
             raise EngineError(f"{method} {self.url}{path} failed: {err}") from err
+        # Which call of a slow sync is slow (the sync's split sums several calls).
+        log.debug("%s %s%s: %.3f s", method, self.url, path, time.perf_counter() - t0)
         if r.status_code == 404:
             hint = " (is the server in dev mode? set VLLM_SERVER_DEV_MODE=1)"
             raise EngineError(f"{method} {self.url}{path}: 404 Not Found{hint}")
@@ -105,12 +108,15 @@ class EngineClient:
             raise WeightSyncError(f"weights folder {path} does not exist")
         self.collective_rpc("reload_weights", {"weights_path": str(path)})
 
-    def pause(self, mode: str = "keep") -> None:
+    def pause(self, mode: str = "keep", *, clear_cache: bool = True) -> None:
         """Pause generation. ``keep`` freezes in-flight requests (they continue on resume),
-        ``wait`` lets them finish first, ``abort`` aborts them."""
+        ``wait`` lets them finish first, ``abort`` aborts them. ``clear_cache=False`` keeps
+        the prefix cache: a weight update resets it after the swap instead, the one reset
+        that matters (a reset costs ~0.25-0.4 s on a GPU engine with millions of KV blocks)."""
         if mode not in PAUSE_MODES:
             raise ValueError(f"pause mode must be one of {PAUSE_MODES}, got {mode!r}")
-        self._request("POST", "/pause", params={"mode": mode})
+        params = {"mode": mode, "clear_cache": str(clear_cache).lower()}
+        self._request("POST", "/pause", params=params)
 
     def resume(self) -> None:
         """Resume generation after :meth:`pause`."""
@@ -208,7 +214,8 @@ class EngineClient:
         t0 = time.perf_counter()
         done = False
         try:
-            self.pause(pause_mode)
+            # The reset after the reload drops old-weight KV; one before it is wasted time.
+            self.pause(pause_mode, clear_cache=False)
             t["pause"] = time.perf_counter() - t0
             t1 = time.perf_counter()
             self.reload_weights(path)
