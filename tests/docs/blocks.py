@@ -11,15 +11,20 @@ an optional marker comment on the line before it:
   dockerd; ``<!-- docs-test: no-run REASON -->`` only compiles it (top-level ``await``
   allowed) and imports every ``vime`` module it names.
 - ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
-  lines must then appear in what the command prints, ``...`` skipping). With
+  lines must then appear in what the command prints, ``...`` skipping).
+  ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in
+  them is the folder of a short training run made once a session (``docs_run`` in
+  tests/docs/conftest.py), and they run in a scratch folder whose ``.venv`` is the
+  repository's (what they write stays out of the checkout). With
   ``no-run REASON`` they are parsed instead: a ``vime-agent`` command (also as
   ``python -m vime.cli``, under ``torchrun``/``srun``, or as ``bash scripts/main.sh``)
   must name a real subcommand; ``train``'s ``key=value`` overrides must load with
   ``load_config``; the other subcommands' keys and ``--flags`` must appear in their
   ``--help``; ``python bench/X.py --flags`` must name flags of that script's ``--help``.
 - ``yaml``: parsed (a config file shown on a page must be valid YAML).
-- ``text``: not code (diagrams, file trees, output). A block with no info string is an
-  error: say ``text`` if it is not code.
+- ``text``: not code (file trees, output). A block with no info string is an error:
+  say ``text`` if it is not code. Diagrams are SVG files under docs/img/ (a ``mermaid``
+  block would need mermaid.js from a CDN, so it is an error too).
 
 Example:
     >>> [b.lang for b in blocks_of("# t\\n```text\\nx\\n```\\n")]
@@ -35,10 +40,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
-MARKER = re.compile(r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run)\s*(?P<arg>.*?)\s*-->")
+MARKER = re.compile(
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder)\s*(?P<arg>.*?)\s*-->"
+)
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
-KNOWN = ("python", "bash", "console", "yaml", "text", "mermaid")
+KNOWN = ("python", "bash", "console", "yaml", "text")
 
 
 @dataclass
@@ -48,7 +55,7 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker" or "no-run"
+    marker: str  # "", "file", "docker", "run-folder" or "no-run"
     arg: str  # the marker's argument: the file name, the reason
     code: str
 

@@ -1,13 +1,15 @@
 """Every fenced code block in docs/ runs, or is checked, in this test (tests/docs/blocks.py).
 
 Python blocks run in a fresh interpreter per page, shell blocks run in the repository
-with the venv's commands on PATH, and blocks marked ``no-run`` (a full training run, a
-GPU, a cluster) are parsed and checked against the real command line and config.
+with the venv's commands on PATH, blocks marked ``run-folder`` run against a real
+finished run (``docs_run``, conftest.py), and blocks marked ``no-run`` (a full training
+run, a GPU, a cluster) are parsed and checked against the real command line and config.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +22,7 @@ from tests.docs.commands import check_command
 BLOCKS = all_blocks()
 PAGES = sorted({b.page for b in BLOCKS})
 VENV_BIN = str(Path(sys.executable).parent)
+RUN = re.compile(r"\bRUN\b")  # the run folder, in blocks marked run-folder
 
 
 def _page_blocks(page: str) -> list[Block]:
@@ -29,14 +32,20 @@ def _page_blocks(page: str) -> list[Block]:
 def test_every_block_has_one_treatment():
     problems = []
     for b in BLOCKS:
-        if b.lang not in KNOWN:
+        if b.lang == "mermaid":  # drawn by mermaid.js from a CDN: nothing offline
+            problems.append(f"{b.where}: a mermaid block; draw an SVG under docs/img/ instead")
+        elif b.lang not in KNOWN:
             problems.append(f"{b.where}: info string {b.lang!r}; use one of {KNOWN}")
         if b.marker == "no-run" and not b.arg:
             problems.append(f"{b.where}: no-run needs a reason")
         if b.marker == "file" and (b.lang != "python" or not b.arg.endswith(".py")):
             problems.append(f"{b.where}: 'file' marks a python block with a NAME.py")
-        if b.marker and b.lang in ("text", "mermaid", "yaml"):
+        if b.marker and b.lang in ("text", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
+        if b.marker == "run-folder" and (
+            b.lang not in ("bash", "console") or not RUN.search(b.code)
+        ):
+            problems.append(f"{b.where}: 'run-folder' marks a shell block that names RUN")
     assert not problems, "\n".join(problems)
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
 
@@ -122,20 +131,16 @@ def test_no_run_shell_blocks_are_valid(block):
         check_command(cmd)
 
 
-@pytest.mark.parametrize(
-    "block",
-    [_docker_mark(b, [b]) for b in SHELL if b.marker != "no-run"],
-    ids=lambda b: b.where,
-)
-def test_shell_blocks_run(block, tmp_path, request):
-    if block.marker == "docker":
-        request.getfixturevalue("docker_host")
-    folder = _scratch(block.page, tmp_path)
+def _run_shell(block: Block, folder: Path, cwd: Path, run: Path | None = None) -> None:
+    """Run each command of a shell block; ``RUN`` stands for ``run`` when given."""
     expected = dict(console_expectations(block)) if block.lang == "console" else {}
     for cmd in commands(block):
+        lines = expected.get(cmd, [])
+        if run is not None:
+            cmd, lines = RUN.sub(str(run), cmd), [RUN.sub(str(run), ln) for ln in lines]
         out = subprocess.run(
             ["bash", "-c", cmd],
-            cwd=ROOT,
+            cwd=cwd,
             env=_env(folder),
             capture_output=True,
             text=True,
@@ -145,10 +150,34 @@ def test_shell_blocks_run(block, tmp_path, request):
             f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
         )
         printed = out.stdout + out.stderr
-        for line in expected.get(cmd, []):
+        for line in lines:
             assert line in printed, (
                 f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
             )
+
+
+@pytest.mark.parametrize(
+    "block",
+    [_docker_mark(b, [b]) for b in SHELL if b.marker not in ("no-run", "run-folder")],
+    ids=lambda b: b.where,
+)
+def test_shell_blocks_run(block, tmp_path, request):
+    if block.marker == "docker":
+        request.getfixturevalue("docker_host")
+    _run_shell(block, _scratch(block.page, tmp_path), ROOT)
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "block", [b for b in SHELL if b.marker == "run-folder"], ids=lambda b: b.where
+)
+def test_run_folder_blocks_run(block, docs_run, tmp_path):
+    """``RUN`` is a real finished run; the commands run in a scratch folder (``html=ep.html``,
+    ``eval compare``'s ``eval-compare/`` land there) whose ``.venv`` links to the repository's."""
+    folder = _scratch(block.page, tmp_path)
+    (folder / ".venv").symlink_to(ROOT / ".venv")
+    _run_shell(block, folder, folder, run=docs_run)
 
 
 @pytest.mark.parametrize(

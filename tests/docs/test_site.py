@@ -1,6 +1,8 @@
 """The docs site builds with ``mkdocs build --strict`` (warnings are errors), and its quick
 start page renders: a headless Chromium screenshot of it, served over HTTP, shows the
-theme's header, the text and the reward plot.
+theme's header, the text and the reward plot. The concepts page's diagram is a plain SVG
+of the repository (docs/img/data_path.svg), which renders offline (no mermaid.js from a
+CDN).
 """
 
 from __future__ import annotations
@@ -8,6 +10,7 @@ from __future__ import annotations
 import functools
 import http.server
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -63,6 +66,35 @@ def test_every_page_of_the_nav_is_built(site):
     api = (site / "api" / "index.html").read_text()
     assert "load_config" in api and "check_env" in api  # mkdocstrings rendered the docstrings
     assert "env.eval_size" in (site / "configs" / "index.html").read_text()
+
+
+SVG = "{http://www.w3.org/2000/svg}"
+STAGES = ("tasks", "Env", "Collector", "Engine (vLLM)", "Buffer", "Trainer", "Megatron-core",
+          "Weight sync")  # fmt: skip
+INVARIANTS = ("Token in, token out", "Loss mask", "Weight versions", "Nothing lost, nothing twice")
+
+
+def test_the_concepts_diagram_is_a_local_svg(site):
+    import xml.etree.ElementTree as ET
+
+    html = (site / "concepts" / "index.html").read_text()
+    img = re.search(r'<img alt="(?P<alt>[^"]*)" src="\.\./img/data_path\.svg"', html)
+    assert img, "docs/concepts.md does not show img/data_path.svg"
+    assert len(img.group("alt")) > 40, "the diagram needs an alt text that says what it shows"
+    for page in site.rglob("*.html"):
+        assert "mermaid" not in page.read_text(), f"{page}: mermaid needs mermaid.js from a CDN"
+    source = (site / "img" / "data_path.svg").read_text()
+    assert source == (ROOT / "docs" / "img" / "data_path.svg").read_text()
+    root = ET.fromstring(source)  # well-formed XML
+    assert root.tag == f"{SVG}svg" and root.get("viewBox")
+    text = " ".join(" ".join(t.itertext()) for t in root.iter(f"{SVG}text"))
+    missing = [name for name in (*STAGES, *INVARIANTS) if name not in text]
+    assert not missing, f"the diagram does not name {missing}"
+    # Plain SVG: nothing to fetch or run when the page is viewed offline.
+    assert not list(root.iter(f"{SVG}script")) and "<script" not in source
+    assert not re.search(r"(href|src)=|url\((?!#)|@import|@font-face", source), (
+        "the diagram references something outside itself"
+    )
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
