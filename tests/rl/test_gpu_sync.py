@@ -189,7 +189,7 @@ def test_nccl_route_sequence_version_and_policy(engines, monkeypatch):
     assert _paths(clients[0]) == [
         "/get_world_size",
         "/init_weight_transfer_engine",
-        "/pause?mode=keep",
+        "/pause?mode=keep&clear_cache=false",
         "/start_weight_update",
         "/update_weights",
         "/finish_weight_update",
@@ -229,7 +229,7 @@ def test_ipc_route_sequence(engines, monkeypatch):
     monkeypatch.setattr(gpu_sync, "ipc_send", send)
     GpuWeightSync(_Group(), [client], "unused", backend="ipc").sync(3)
     assert _paths(client) == [
-        "/pause?mode=keep",
+        "/pause?mode=keep&clear_cache=false",
         "/start_weight_update",
         "/update_weights",
         "/finish_weight_update",
