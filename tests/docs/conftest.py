@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.docs.blocks import ROOT
 
 # Three steps of the tiny model on env=math, attached to the session's vLLM server: every
 # step checkpointed (``replay RUN step=3`` starts from step 2's), traced (``trace RUN
