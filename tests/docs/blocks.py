@@ -7,11 +7,19 @@ an optional marker comment on the line before it:
 - ``python``: run. A page's Python blocks run in order in one fresh interpreter (a page
   reads as one session), in a scratch folder that is also on ``sys.path``.
   ``<!-- docs-test: file NAME -->`` writes the block to NAME there instead (a module a
-  later block imports); ``<!-- docs-test: docker -->`` runs it with the project's
+  later block imports; also on a ``text`` block: a data file such as ``words.jsonl``);
+  ``<!-- docs-test: docker -->`` runs it with the project's
   dockerd; ``<!-- docs-test: no-run REASON -->`` only compiles it (top-level ``await``
   allowed) and imports every ``vime`` module it names.
 - ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
   lines must then appear in what the command prints, ``...`` skipping).
+  ``<!-- docs-test: short -->`` runs a block of training commands for real, shortened:
+  each ``vime-agent train`` (also under ``torchrun`` or ``scripts/main.sh``) gets
+  :data:`SHORTEN` appended (one step, tiny batches, no warm start or eval), attached to
+  the session's vLLM server, in the page's scratch folder. ``<!-- docs-test: gpu N -->``
+  does the same with the run's own engine on a machine with N CUDA GPUs, and is skipped
+  on one with fewer. In both, ``/ckpt/NAME`` stands for the tiny model's folder (an HF
+  checkpoint like any other) and ``RUN`` for a copy of a real finished run.
   ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in
   them is the folder of a short training run made once a session (``docs_run`` in
   tests/docs/conftest.py), and they run in a scratch folder whose ``.venv`` is the
@@ -22,7 +30,7 @@ an optional marker comment on the line before it:
   ``load_config``; the other subcommands' keys and ``--flags`` must appear in their
   ``--help``; ``python bench/X.py --flags`` must name flags of that script's ``--help``.
 - ``yaml``: parsed (a config file shown on a page must be valid YAML).
-- ``text``: not code (file trees, output). A block with no info string is an error:
+- ``text``: not code (file trees, output), unless marked ``file``. A block with no info string is an error:
   say ``text`` if it is not code. Diagrams are SVG files under docs/img/ (a ``mermaid``
   block would need mermaid.js from a CDN, so it is an error too).
 
@@ -41,11 +49,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARKER = re.compile(
-    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder)\s*(?P<arg>.*?)\s*-->"
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu)\s*(?P<arg>.*?)\s*-->"
 )
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
 KNOWN = ("python", "bash", "console", "yaml", "text")
+# What a ``short``/``gpu`` block's training commands get appended: one step of two groups
+# of two, nothing before it (warm start, eval), every group trained (a random model's
+# groups have no reward variance, so filtering would wait for one that does).
+SHORTEN = (
+    "steps=1",
+    "rollout.batch_size=2",
+    "rollout.collector.n_samples=2",
+    "rollout.filter_groups=false",
+    "model.warm_start_steps=0",
+    "eval_every=0",
+)
 
 
 @dataclass
@@ -55,8 +74,8 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker", "run-folder" or "no-run"
-    arg: str  # the marker's argument: the file name, the reason
+    marker: str  # "", "file", "docker", "run-folder", "short", "gpu" or "no-run"
+    arg: str  # the marker's argument: the file name, the GPU count, the reason
     code: str
 
     @property

@@ -35,7 +35,7 @@ RUN_OVERRIDES = [
 def docs_run(vllm_server, tiny_model_dir, tmp_path_factory) -> Path:
     """A finished run folder (``vime-agent train`` with :data:`RUN_OVERRIDES`; ~45 s, once a
     session). The shared server gets the tiny model's weights (version 0) back afterwards."""
-    from vime.engine import EngineClient
+    from tests.shared_server import give_back_tiny_weights
 
     folder = tmp_path_factory.mktemp("docs_run")
     try:
@@ -49,7 +49,7 @@ def docs_run(vllm_server, tiny_model_dir, tmp_path_factory) -> Path:
             timeout=600,
         )  # fmt: skip
     finally:
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
     (run,) = (folder / "runs").iterdir()
     return run

@@ -2,27 +2,42 @@
 
 Python blocks run in a fresh interpreter per page, shell blocks run in the repository
 with the venv's commands on PATH, blocks marked ``run-folder`` run against a real
-finished run (``docs_run``, conftest.py), and blocks marked ``no-run`` (a full training
-run, a GPU, a cluster) are parsed and checked against the real command line and config.
+finished run (``docs_run``, conftest.py), training blocks marked ``short`` run shortened
+against the session's vLLM server (``gpu N``: with their own engine, where N GPUs are),
+and blocks marked ``no-run`` (an install, a cluster) are parsed and checked against the
+real command line and config.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.docs.blocks import KNOWN, ROOT, Block, all_blocks, commands, console_expectations
-from tests.docs.commands import check_command
+from tests.docs.blocks import (
+    KNOWN,
+    ROOT,
+    SHORTEN,
+    Block,
+    all_blocks,
+    commands,
+    console_expectations,
+)
+from tests.docs.commands import check_command, vime_args
+from tests.shared_server import give_back_tiny_weights
 
 BLOCKS = all_blocks()
 PAGES = sorted({b.page for b in BLOCKS})
 VENV_BIN = str(Path(sys.executable).parent)
-RUN = re.compile(r"\bRUN\b")  # the run folder, in blocks marked run-folder
+RUN = re.compile(r"\bRUN\b")  # the run folder, in blocks marked run-folder, short or gpu
+CKPT = re.compile(r"/ckpt/[\w./-]+")  # an HF checkpoint folder, in blocks marked short or gpu
 
 
 def _page_blocks(page: str) -> list[Block]:
@@ -38,10 +53,18 @@ def test_every_block_has_one_treatment():
             problems.append(f"{b.where}: info string {b.lang!r}; use one of {KNOWN}")
         if b.marker == "no-run" and not b.arg:
             problems.append(f"{b.where}: no-run needs a reason")
-        if b.marker == "file" and (b.lang != "python" or not b.arg.endswith(".py")):
-            problems.append(f"{b.where}: 'file' marks a python block with a NAME.py")
-        if b.marker and b.lang in ("text", "yaml"):
+        if b.marker == "file" and not (
+            (b.lang == "python" and b.arg.endswith(".py")) or (b.lang == "text" and b.arg)
+        ):
+            problems.append(f"{b.where}: 'file' marks a python block NAME.py or a text file")
+        if b.marker and b.marker != "file" and b.lang in ("text", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
+        if b.marker in ("short", "gpu") and (
+            b.lang not in ("bash", "console") or not any(_trains(c) for c in commands(b))
+        ):
+            problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains")
+        if b.marker == "gpu" and not b.arg.isdigit():
+            problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
         if b.marker == "run-folder" and (
             b.lang not in ("bash", "console") or not RUN.search(b.code)
         ):
@@ -62,7 +85,10 @@ def _scratch(page: str, tmp_path: Path) -> Path:
 
 def _env(folder: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(folder), str(ROOT)])
+    # Kept after ours: a machine whose packages come on PYTHONPATH (wheels in a folder).
+    env["PYTHONPATH"] = os.pathsep.join(
+        filter(None, [str(folder), str(ROOT), env.get("PYTHONPATH")])
+    )
     env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -131,20 +157,29 @@ def test_no_run_shell_blocks_are_valid(block):
         check_command(cmd)
 
 
-def _run_shell(block: Block, folder: Path, cwd: Path, run: Path | None = None) -> None:
-    """Run each command of a shell block; ``RUN`` stands for ``run`` when given."""
+def _run_shell(
+    block: Block,
+    folder: Path,
+    cwd: Path,
+    run: Path | None = None,
+    rewrite=lambda cmd: cmd,
+    timeout: float = 120,
+) -> None:
+    """Run each command of a shell block; ``RUN`` stands for ``run`` when given, and
+    ``rewrite`` makes each command what actually runs (a shortened training run)."""
     expected = dict(console_expectations(block)) if block.lang == "console" else {}
     for cmd in commands(block):
         lines = expected.get(cmd, [])
         if run is not None:
             cmd, lines = RUN.sub(str(run), cmd), [RUN.sub(str(run), ln) for ln in lines]
+        cmd = rewrite(cmd)
         out = subprocess.run(
             ["bash", "-c", cmd],
             cwd=cwd,
             env=_env(folder),
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=timeout,
         )
         assert out.returncode == 0, (
             f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
@@ -158,7 +193,7 @@ def _run_shell(block: Block, folder: Path, cwd: Path, run: Path | None = None) -
 
 @pytest.mark.parametrize(
     "block",
-    [_docker_mark(b, [b]) for b in SHELL if b.marker not in ("no-run", "run-folder")],
+    [_docker_mark(b, [b]) for b in SHELL if b.marker in ("", "docker")],
     ids=lambda b: b.where,
 )
 def test_shell_blocks_run(block, tmp_path, request):
@@ -178,6 +213,105 @@ def test_run_folder_blocks_run(block, docs_run, tmp_path):
     folder = _scratch(block.page, tmp_path)
     (folder / ".venv").symlink_to(ROOT / ".venv")
     _run_shell(block, folder, folder, run=docs_run)
+
+
+def _trains(cmd: str) -> bool:
+    args = vime_args(shlex.split(cmd))
+    return bool(args) and args[0] == "train"
+
+
+def _last_step(run: Path) -> int:
+    """The last step a run's metrics.jsonl has a row for (0: none)."""
+    rows = (run / "metrics.jsonl").read_text().splitlines() if run.exists() else []
+    return max((json.loads(row)["step"] for row in rows), default=0)
+
+
+def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: str | None) -> str:
+    """The command a ``short``/``gpu`` block really runs: ``/ckpt/NAME`` is ``ckpt``,
+    ``scripts/`` the repository's, and a training run gets :data:`SHORTEN` (one step past
+    ``run``'s last when it resumes it), its own ``run_root`` and, given, the engine's URL.
+
+    Example:
+        >>> shortened("bash scripts/main.sh steps=20", run_root=Path("/r"), ckpt=Path("/m"),
+        ...           run=None, url=None).split()[-2:]
+        ['eval_every=0', 'run_root=/r']
+    """
+    trains = _trains(cmd)
+    cmd = CKPT.sub(str(ckpt), cmd)
+    cmd = re.sub(r"(?<![\w/])scripts/", f"{ROOT}/scripts/", cmd)
+    if not trains:
+        return cmd
+    extra = list(SHORTEN)
+    if "resume=" in cmd:  # a resumed run keeps its folder and continues its step count
+        assert run is not None
+        extra[0] = f"steps={_last_step(run) + 1}"
+    else:
+        extra.append(f"run_root={run_root}")
+    if url:
+        extra.append(f"engine.url={url}")
+    return f"{cmd} {shlex.join(extra)}"
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    """A copy of the session's finished run (a block that resumes it trains the copy)."""
+    copy = tmp_path / "runs" / run.name
+    shutil.copytree(run, copy)
+    return copy
+
+
+def _run_training_block(block: Block, tmp_path: Path, request, url: str | None) -> None:
+    folder = _scratch(block.page, tmp_path)
+    (folder / ".venv").symlink_to(ROOT / ".venv")  # `.venv/bin/vime-agent` from there
+    ckpt = request.getfixturevalue("tiny_model_dir")
+    run = None
+    if RUN.search(block.code):
+        run = _copy_of(request.getfixturevalue("docs_run"), tmp_path)
+    runs = tmp_path / "short-runs"
+
+    def rewrite(cmd: str) -> str:
+        return shortened(cmd, run_root=runs, ckpt=ckpt, run=run, url=url)
+
+    steps_before = _last_step(run) if run is not None else 0
+    _run_shell(block, folder, folder, run=run, rewrite=rewrite, timeout=600)
+    # Each command trained: a new run has its step 1, a resumed one its next step.
+    trains = [c for c in commands(block) if _trains(c)]
+    fresh = [c for c in trains if "resume=" not in c]
+    made = sorted(runs.iterdir()) if runs.exists() else []
+    assert len(made) == len(fresh), f"{block.where}: {len(fresh)} runs expected, got {made}"
+    for folder_ in made:
+        assert _last_step(folder_) == 1, f"{folder_}: no step 1 in metrics.jsonl"
+    if run is not None and len(trains) > len(fresh):
+        assert _last_step(run) == steps_before + 1, f"{block.where}: the resumed run did not step"
+
+
+SHORT = [b for b in SHELL if b.marker == "short"]
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.docker  # env=tools leases sandboxes
+@pytest.mark.parametrize("block", SHORT, ids=lambda b: b.where)
+def test_short_blocks_run(block, vllm_server, tiny_model_dir, docker_host, tmp_path, request):
+    """Each training command runs one short step against the session's server."""
+    try:
+        _run_training_block(block, tmp_path, request, vllm_server.url)
+    finally:
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "block", [b for b in SHELL if b.marker == "gpu"], ids=lambda b: f"{b.where}-gpu{b.arg}"
+)
+def test_gpu_blocks_run(block, tmp_path, request):
+    """Each training command runs one short step with its own engine on the GPUs."""
+    import torch
+
+    have = torch.cuda.device_count()
+    if have < int(block.arg):
+        pytest.skip(f"needs {block.arg} CUDA GPUs, this machine has {have}")
+    _run_training_block(block, tmp_path, request, url=None)
 
 
 @pytest.mark.parametrize(

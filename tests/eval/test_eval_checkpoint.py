@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from vime.engine import EngineClient
+from tests.shared_server import give_back_tiny_weights
 from vime.rl.eval_suites import load_suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -75,7 +75,7 @@ def test_training_evals_and_eval_of_a_run_step(vllm_server, tiny_model_dir, tmp_
     try:
         _run(train, tmp_path / "train.log", tmp_path)
     finally:  # the shared engine goes back to the tiny model's weights
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
     (run,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

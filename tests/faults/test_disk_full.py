@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from _faults import check_buffer, rows, run_folder, start_train, tail
 
+from tests.shared_server import give_back_tiny_weights
 from vime.buffer import DataBuffer
-from vime.engine import EngineClient
 from vime.errors import DiskFullError
 from vime.observability.metrics import MetricsLog
 from vime.rl.run_dir import RunDir
@@ -170,5 +170,5 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
         state = json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())
         assert state["step"] == 4
     finally:
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
         subprocess.run(["umount", "-l", str(root)], check=False)

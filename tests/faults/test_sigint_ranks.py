@@ -31,7 +31,7 @@ from _faults import (
     wait_for,
 )
 
-from vime.engine import EngineClient
+from tests.shared_server import give_back_tiny_weights
 from vime.engine.server import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -108,7 +108,7 @@ def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
             again.wait()
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
     assert f"resumed from {folder} (step {last})" in (tmp_path / "resume.log").read_text()
     assert [r["step"] for r in rows(run)] == list(range(1, last + 2))
     assert rows(run)[-1]["weight_version"] == last + 1

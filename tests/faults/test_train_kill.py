@@ -37,6 +37,7 @@ from _faults import (
     wait_log,
 )
 
+from tests.shared_server import give_back_tiny_weights
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient
 
@@ -113,7 +114,7 @@ def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(
         assert proc.wait(timeout=300) == 0, tail(tmp_path / "resume4.log")
         version = EngineClient(vllm_server.url).get_weight_version()
     finally:
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
 
     _check_like_uninterrupted(run, args, tmp_path)
     assert version == str(STEPS)  # the engine serves the last step's weights

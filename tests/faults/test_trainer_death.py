@@ -30,7 +30,7 @@ from _faults import (
     wait_log,
 )
 
-from vime.engine import EngineClient
+from tests.shared_server import give_back_tiny_weights
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -100,7 +100,7 @@ def test_trainer_process_killed_then_resumed_loses_nothing(vllm_server, tiny_mod
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
 
     done = rows(run)
     assert [r["step"] for r in done] == list(range(1, STEPS + 1))  # each step once

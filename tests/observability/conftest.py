@@ -10,9 +10,9 @@ from _observed import ObservedRun, observe_a_run
 def observed_run(docker_host, vllm_server, tiny_model_dir, tmp_path_factory) -> ObservedRun:
     """``vime-agent train env=tools`` for 2 steps with every recorder on (once a session);
     the shared server gets the tiny model's weights (version 0) back afterwards."""
-    from vime.engine import EngineClient
+    from tests.shared_server import give_back_tiny_weights
 
     try:
         return observe_a_run(tmp_path_factory.mktemp("observed"), vllm_server.url)
     finally:
-        EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
+        give_back_tiny_weights(vllm_server.url, tiny_model_dir)

@@ -22,15 +22,6 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 CRITIC_METRICS = ("value_loss", "explained_variance", "clipfrac", "values_mean")
 
 
-@pytest.fixture
-def shared_engine(vllm_server, tiny_model_dir):
-    """The session server; restored to the tiny model's weights (version 0) afterwards."""
-    from vime.engine import EngineClient
-
-    yield vllm_server
-    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
-
-
 # A random model never earns a reward: vLLM's structured output makes every answer
 # \boxed{1}, right for three of the four questions, so the critic has returns to learn
 # (γ^(K−k) or 0) and every batch of two tasks holds at least one reward.

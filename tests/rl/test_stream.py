@@ -43,15 +43,6 @@ vime.register("stream/SlowFirst-v0", entry_point=SlowFirst, max_turns=1)
 '''
 
 
-@pytest.fixture
-def shared_engine(vllm_server, tiny_model_dir):
-    """The session server; restored to the tiny model's weights (version 0) afterwards."""
-    from vime.engine import EngineClient
-
-    yield vllm_server
-    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
-
-
 def test_async_takes_groups_as_they_finish_and_loses_none(shared_engine, tmp_path, monkeypatch):
     (tmp_path / "slow_first.py").write_text(SLOW_ENV)
     tasks = tmp_path / "tasks.jsonl"

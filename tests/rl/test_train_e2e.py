@@ -21,15 +21,6 @@ from vime.rl.tasks import builtin_tasks
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-@pytest.fixture
-def shared_engine(vllm_server, tiny_model_dir):
-    """The session server; restored to the tiny model's weights (version 0) afterwards."""
-    from vime.engine import EngineClient
-
-    yield vllm_server
-    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
-
-
 def _overrides(tmp_path: Path, url: str, *extra: str) -> list[str]:
     return [
         f"engine.url={url}",

@@ -96,15 +96,6 @@ def test_swe_on_the_tiny_model_warns_at_start_up(tmp_path, caplog):
     assert any("env=swe needs a real model" in r.getMessage() for r in caplog.records)
 
 
-@pytest.fixture
-def shared_engine(vllm_server, tiny_model_dir):
-    """The session server; restored to the tiny model's weights (version 0) afterwards."""
-    from vime.engine import EngineClient
-
-    yield vllm_server
-    EngineClient(vllm_server.url).update_weights_from_disk(tiny_model_dir, 0)
-
-
 # Measured (envs/tools/README.md, "Training"): the greedy eval reward on 64 held-out tasks
 # went 0.297 -> 0.500 in the first 10 RL steps of the default run.
 RISE_STEPS = 10
