@@ -157,7 +157,9 @@ def test_launched_cpu_server_does_not_spin_after_a_request(vllm_server, openai_c
     before, t0 = _vllm_cpu_seconds(vllm_server.pid), time.monotonic()
     time.sleep(0.8)  # inside vLLM's 1 s busy window after the last message
     used = _vllm_cpu_seconds(vllm_server.pid) - before
-    assert used < 0.3 * (time.monotonic() - t0), f"vLLM used {used:.2f} CPU s while idle"
+    # A spinning tree burns about one core (~0.8 CPU s here); a quiet one has stray work
+    # (the API server's bookkeeping, a stats log line): 0.25 CPU s was seen once in CI.
+    assert used < 0.5 * (time.monotonic() - t0), f"vLLM used {used:.2f} CPU s while idle"
 
 
 def _group_gone(pgid: int) -> bool:
