@@ -477,6 +477,9 @@ class VLLMServer:
             return
         pgid = proc.pid  # start_new_session=True: the group id is the leader's pid
         _signal_group(pgid, signal.SIGTERM)
+        # A frozen (stopped) group acts on SIGTERM only once it is continued; without this a
+        # SIGSTOPped engine waited out the whole grace period before its SIGKILL.
+        _signal_group(pgid, signal.SIGCONT)
         deadline = time.monotonic() + grace_s
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=grace_s)
