@@ -103,6 +103,9 @@ RISE_STEPS = 10
 
 @pytest.mark.engine
 @pytest.mark.slow
+# The warm start (530 SFT steps on one thread) is most of this test: 11 min on a fresh
+# clone here, more on a busy CI machine, where the suite's 900 s timed it out mid-eval.
+@pytest.mark.timeout(1800)
 def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path):
     """``vime-agent train env=tools`` shortened to 10 steps on the shared server: the
     embedded warm start (cached by content, so the default run's is reused), then RL; the
@@ -121,7 +124,10 @@ def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path):
     )
     result = train(cfg)
     evals = {r["step"]: r["eval/reward"] for r in result.metrics if "eval/reward" in r}
-    assert evals[0] > 0, evals  # the warm start taught the call and the copy: some reward
+    # The warm start taught the call and the copy: some reward. Its final NLL is printed
+    # above; ~0.002 when it learnt the copy. On one 2-core machine it stayed at 0.26 (the
+    # digits not copied) after 530 steps: the recipe's outcome depends on float rounding.
+    assert evals[0] > 0, evals
     assert evals[RISE_STEPS] > evals[0], evals
     trained = [r["samples/trained"] for r in result.metrics if r["step"] > 0]
     assert sum(trained) > 0  # groups with mixed rewards: RL had something to learn from
