@@ -466,7 +466,8 @@ class VLLMServer:
             return False
 
     def stop(self, grace_s: float = 15.0) -> None:
-        """Stop a launched server: SIGTERM its process group, SIGKILL after ``grace_s``.
+        """Stop a launched server: SIGTERM its process group (and SIGCONT, so that a frozen
+        group acts on it), SIGKILL after ``grace_s``.
 
         Idempotent; a no-op for attached servers (vime never kills what it didn't start).
         """
