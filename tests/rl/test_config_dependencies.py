@@ -23,6 +23,12 @@ from vime.rl.tasks import train_source
         (["critic.lr=1e-4"], "critic.lr", "rollout.advantage"),
         (["trainer.lr_decay_steps=10"], "trainer.lr_decay_steps", "lr_decay_style"),
         (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
+        (
+            ["model.warm_start_steps=0", "model.warm_start_target=0.3"],
+            "model.warm_start_target",
+            "model.warm_start_steps",
+        ),
+        (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
     ],
 )
 def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
@@ -35,6 +41,7 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
     "overrides",
     [
         ["env=tools"],  # the preset sizes the warm start: not the user's setting
+        ["env=tools", "model.warm_start_steps=0"],  # its preset's target is not the user's
         ["trainer=gspo"],  # the preset's eps come with its two mini-batches
         ["trainer.loss.tis=mask", "trainer.loss.tis_low=0.1"],
         ["rollout.advantage=gae", "rollout.gamma=0.9", "critic.lr=1e-4"],

@@ -27,3 +27,30 @@ def random_samples(
             )
         )
     return out
+
+
+def greedy_samples(
+    folder: str, n: int, *, seed: int = 0, prompt: int = 5, new: int = 12
+) -> list[Sample]:
+    """``n`` samples whose trained tokens (mask 1) are the HF model's own greedy
+    continuation of a random prompt (mask 0): every one is its prediction's argmax."""
+    import torch
+    import transformers as tf
+
+    model = tf.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    g = random.Random(seed)
+    out = []
+    with torch.no_grad():
+        for _ in range(n):
+            ids = [g.randrange(model.config.vocab_size) for _ in range(prompt)]
+            for _ in range(new):
+                ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            out.append(
+                Sample(
+                    tokens=ids,
+                    loss_mask=[0] * prompt + [1] * new,
+                    rollout_logprobs=[0.0] * len(ids),
+                    advantage=1.0,
+                )
+            )
+    return out

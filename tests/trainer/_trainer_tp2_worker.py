@@ -36,7 +36,7 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import transformers as tf
-    from _trainer_samples import random_samples
+    from _trainer_samples import greedy_samples, random_samples
 
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
@@ -73,6 +73,7 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     cfg: dict[str, Any] = dict(lr=1e-3, warmup_steps=1, micro_batch_tokens=64)
     tp2 = Trainer(checkpoints["qwen2"], TrainerConfig(**cfg), tp=2)
     found["tp2_logprobs"] = tp2.compute_logprobs(samples)
+    found["tp2_greedy_hits"] = tp2.compute_greedy_hits(greedy_samples(checkpoints["qwen2"], 2))
     found["tp2_step1"] = tp2.train_step(samples)
     tp2.save_checkpoint(out / "ckpt_tp2")
     found["tp2_step2"] = tp2.train_step(samples)

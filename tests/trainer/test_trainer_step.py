@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_samples import random_samples
+from _trainer_samples import greedy_samples, random_samples
 
 from vime.errors import ConfigError, TrainerError
 from vime.trainer.step import Trainer, TrainerConfig
@@ -35,6 +35,24 @@ def test_logprobs_match_transformers_at_temperature(family, hf_checkpoints, dist
     )
     got = trainer.compute_logprobs(samples)
     assert max_abs_diff(got, hf_logprobs(folder, samples, 0.7)) < 1e-5
+
+
+def test_greedy_hits_mark_the_models_argmax_tokens(hf_checkpoints, dist1):
+    """compute_greedy_hits (what the warm start's model.warm_start_target checks): 1.0 on
+    the HF model's own greedy tokens, 0.0 on a token that is not the argmax."""
+    from vime.rl.warm_start import greedy_share
+
+    folder = hf_checkpoints["qwen2"]
+    samples = greedy_samples(str(folder), 3, seed=2)
+    wrong = samples[2]
+    at = wrong.loss_mask.index(1) + 3
+    wrong.tokens[at] = (wrong.tokens[at] + 1) % 250
+    trainer = Trainer(folder, TrainerConfig(micro_batch_tokens=24, logprob_chunk_tokens=5))
+    hits = trainer.compute_greedy_hits(samples)
+    for row, s in zip(hits[:2], samples[:2], strict=True):
+        assert [h for h, m in zip(row, s.loss_mask, strict=True) if m] == [1.0] * 12
+    assert hits[2][at] == 0.0 and hits[2][at - 1] == 1.0
+    assert greedy_share(trainer, samples) == pytest.approx(2 / 3)
 
 
 def test_train_step_is_packing_invariant_reports_metrics_and_learns(hf_checkpoints, dist1):

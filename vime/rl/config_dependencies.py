@@ -76,11 +76,24 @@ RULES: tuple[Needs, ...] = (
         inert=0,
     ),
     Needs(
-        ("model.warm_start_batch", "model.warm_start_lr", "model.warm_start_seed"),
+        (
+            "model.warm_start_batch",
+            "model.warm_start_lr",
+            "model.warm_start_seed",
+            "model.warm_start_target",
+        ),
         "model.path",
         lambda c: not c.model.path,
         "(the warm start trains vime's tiny model only)",
         "leave it unset, or clear model.path to start from the tiny model",
+    ),
+    Needs(
+        ("model.warm_start_target",),
+        "model.warm_start_steps",
+        lambda c: c.model.warm_start_steps > 0,
+        "(there is no warm start to stop)",
+        "set model.warm_start_steps > 0 (the cap), or leave it unset",
+        inert=0,
     ),
     Needs(
         ("eval_every", "env.eval_tasks"),

@@ -137,6 +137,45 @@ def _chunk(
     return logprob, entropy
 
 
+@torch.no_grad()
+def greedy_hits(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    *,
+    chunk_size: int = 1024,
+    vocab_size: int | None = None,
+    logit_softcap: float | None = None,
+) -> torch.Tensor:
+    """``[N]`` bool: each target is the argmax of its row's logits (greedy decoding picks it).
+
+    Arguments as in :func:`token_logprobs`; temperature does not move an argmax. Under TP
+    the row's maximum and the target's logit are each reduced over the vocab slices.
+
+    Example:
+        >>> w = torch.eye(3)
+        >>> greedy_hits(torch.tensor([[0.0, 2.0, 1.0]] * 2), w, torch.tensor([1, 2])).tolist()
+        [True, False]
+    """
+    group, tp, tp_rank = _tp_group_and_rank()
+    hits = []
+    for lo in range(0, hidden.shape[0], max(chunk_size, 1)):
+        logits = softcap(hidden[lo : lo + chunk_size] @ weight.t(), logit_softcap).float()
+        start = tp_rank * logits.shape[-1]
+        _mask_padded_vocab(logits, start, vocab_size)
+        rows = targets[lo : lo + chunk_size]
+        in_slice = (rows >= start) & (rows < start + logits.shape[-1])
+        local_idx = (rows - start).clamp(0, logits.shape[-1] - 1)
+        picked = logits.gather(1, local_idx[:, None])[:, 0]
+        both = torch.stack(
+            [logits.max(dim=-1).values, picked.masked_fill(~in_slice, -float("inf"))]
+        )
+        if tp > 1:
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+        hits.append(both[1] >= both[0])
+    return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=hidden.device)
+
+
 def _mask_padded_vocab(logits: torch.Tensor, start: int, vocab_size: int | None) -> None:
     """In place: columns of this rank's slice beyond the true vocabulary get _MASKED_LOGIT."""
     if vocab_size is not None and start + logits.shape[-1] > vocab_size:

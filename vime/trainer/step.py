@@ -49,7 +49,7 @@ from vime.trainer.batching import (
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
 from vime.trainer.config import DTYPES, TrainerConfig
 from vime.trainer.hf import export_hf, load_hf_weights
-from vime.trainer.logprobs import gather_sequence_parallel, token_logprobs
+from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_logprobs
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
 from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
@@ -454,6 +454,32 @@ class Trainer:
         return self._forward_rows(
             samples, lambda mb, hidden: self._token_logprobs(hidden, mb, with_entropy=False)[0]
         )
+
+    @torch.no_grad()
+    def compute_greedy_hits(self, samples: Sequence[Sample]) -> list[list[float]]:
+        """1.0 where each token is the argmax of the model's prediction for it (greedy
+        decoding would write it), else 0.0; aligned with ``tokens``, position 0 gets 0.0.
+
+        Example (skipped as a doctest: it needs a :class:`Trainer`, see the class example):
+            >>> hits = trainer.compute_greedy_hits(samples)  # doctest: +SKIP
+            >>> all(h for h, m in zip(hits[0], samples[0].loss_mask) if m)  # doctest: +SKIP
+            True
+        """
+
+        def per_target(mb: MicroBatch, hidden: torch.Tensor) -> torch.Tensor:
+            real = mb.valid.bool()
+            hits = greedy_hits(
+                self._target_hidden(hidden, mb),
+                self.module.output_weight(),
+                mb.targets[real],
+                chunk_size=self.config.logprob_chunk_tokens,
+                vocab_size=self.spec.vocab_size,
+                logit_softcap=self.spec.logit_softcap,
+            )
+            block = torch.zeros(real.shape, dtype=torch.float32, device=hits.device)
+            return block.masked_scatter(real, hits.float())
+
+        return self._forward_rows(samples, per_target)
 
     def _forward_rows(self, samples: Sequence[Sample], per_target: Any) -> list[list[float]]:
         """A forward-only pass: ``per_target(mb, hidden)`` gives a ``[B, S-1]`` block per
