@@ -98,22 +98,21 @@ def test_swe_on_the_tiny_model_warns_at_start_up(tmp_path, caplog):
     assert any("env=swe needs a real model" in r.getMessage() for r in caplog.records)
 
 
-# Measured (envs/tools/README.md, "Training"): the greedy eval reward on 64 held-out tasks
-# went 0.297 -> 0.500 in the first 10 RL steps of the default run.
 RISE_STEPS = 10
+EDGE = 3  # steps averaged at each end of the run: 384 episodes, a std of ~0.02 at p=0.2
 
 
 @pytest.mark.engine
 @pytest.mark.slow
-# The warm start is most of this test: it ends where greedy decoding reproduces a quarter
-# of the held-out demonstrations, after 400-800 SFT steps on one thread depending on the
-# CPU (~1.1 s each here), and the suite's 900 s would not hold it.
+# The warm start is most of this test: it ends where sampling writes a fifth of the held-out
+# demonstrations, after 160-380 SFT steps of 32 demonstrations depending on the seed (~2 s
+# each on one thread of a 2-core CPU), and the suite's 900 s would not hold it.
 @pytest.mark.timeout(1800)
 def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path):
     """``vime-agent train env=tools`` shortened to 10 steps on the shared server: the
     embedded warm start (cached by content, so the default run's is reused) ends at its
-    target, then RL; the greedy eval reward on the held-out tasks rises, and the plot is
-    drawn."""
+    target, then RL raises the sampled reward it optimises, greedy eval holds, and the
+    plot is drawn."""
     from vime.rl.loop import train
     from vime.rl.warm_start import REPORT
 
@@ -130,15 +129,21 @@ def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path):
     warm = prepare_model(cfg, RunDir.create(tmp_path / "warm", "tools"))
     report = json.loads((warm / REPORT).read_text())
     print("warm start:", {k: v for k, v in report.items() if k != "checks"}, report["checks"])
-    assert report["held_out_greedy"] >= cfg.model.warm_start_target
+    assert report["held_out_chance"] >= cfg.model.warm_start_target
     assert report["steps"] < cfg.model.warm_start_steps  # it stopped at the target
     result = train(cfg)
+    rows = [r for r in result.metrics if r["step"] > 0]
+    rewards = [r["reward/mean"] for r in rows]
     evals = {r["step"]: r["eval/reward"] for r in result.metrics if "eval/reward" in r}
-    # Greedy decoding reproduced >= 25% of the held-out demonstrations: some eval reward.
-    assert evals[0] > 0, evals
-    assert evals[RISE_STEPS] > evals[0], evals
-    trained = [r["samples/trained"] for r in result.metrics if r["step"] > 0]
-    assert sum(trained) > 0  # groups with mixed rewards: RL had something to learn from
+    print("sampled reward per step:", [round(x, 3) for x in rewards], "greedy eval:", evals)
+    # The held-out chance is RL's first reward (both are the chance of a T=1 episode).
+    assert sum(rewards[:EDGE]) / EDGE > report["held_out_chance"] / 2, rewards
+    # RL raises what it optimises. Greedy eval is not that: from a warm start whose greedy
+    # share is already high (0.3-1.0 by seed at chance 0.2) it moved 0.91 -> 0.98 on one
+    # CPU and 0.91 -> 0.77 on another in these 10 steps, so it must only hold up.
+    assert sum(rewards[-EDGE:]) > sum(rewards[:EDGE]), rewards
+    assert evals[0] > 0 and evals[RISE_STEPS] > evals[0] / 2, evals
+    assert sum(r["samples/trained"] for r in rows) > 0  # groups with mixed rewards
     assert (result.run_dir / "reward.png").exists()
 
 
@@ -149,11 +154,11 @@ def test_a_warm_start_short_of_its_target_warns(tiny_model_dir, tmp_path, caplog
     cfg = load_config(["env=tools"])
     out = tmp_path / f"warm-{cache_key(tiny_model_dir, cfg.model, cfg.env, {})}"
     shutil.copytree(tiny_model_dir, out)
-    (out / REPORT).write_text(json.dumps({"steps": 1200, "held_out_greedy": 0.05}))
+    (out / REPORT).write_text(json.dumps({"steps": 1200, "held_out_chance": 0.05}))
     with caplog.at_level(logging.WARNING, logger="vime.train"):
         assert warm_start(tiny_model_dir, cfg.model, cfg.env, tmp_path) == out
     message = caplog.records[-1].getMessage()
-    assert "reproduced 0.05" in message and "model.warm_start_target=0.25" in message
+    assert "chance of 0.050" in message and "model.warm_start_target=0.20" in message
     assert "raise model.warm_start_steps" in message
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import transformers as tf
@@ -38,9 +40,10 @@ def test_logprobs_match_transformers_at_temperature(family, hf_checkpoints, dist
 
 
 def test_greedy_hits_mark_the_models_argmax_tokens(hf_checkpoints, dist1):
-    """compute_greedy_hits (what the warm start's model.warm_start_target checks): 1.0 on
-    the HF model's own greedy tokens, 0.0 on a token that is not the argmax."""
-    from vime.rl.warm_start import greedy_share
+    """compute_greedy_hits: 1.0 on the HF model's own greedy tokens, 0.0 on a token that is
+    not the argmax; held_out_scores (what the warm start's model.warm_start_target checks)
+    gives the mean sampling chance of the trained tokens and the greedy share."""
+    from vime.rl.warm_start import held_out_scores
 
     folder = hf_checkpoints["qwen2"]
     samples = greedy_samples(str(folder), 3, seed=2)
@@ -52,7 +55,14 @@ def test_greedy_hits_mark_the_models_argmax_tokens(hf_checkpoints, dist1):
     for row, s in zip(hits[:2], samples[:2], strict=True):
         assert [h for h, m in zip(row, s.loss_mask, strict=True) if m] == [1.0] * 12
     assert hits[2][at] == 0.0 and hits[2][at - 1] == 1.0
-    assert greedy_share(trainer, samples) == pytest.approx(2 / 3)
+    hf = hf_logprobs(folder, samples, 1.0)
+    chances = [
+        math.exp(sum(lp for lp, m in zip(row, s.loss_mask, strict=True) if m))
+        for row, s in zip(hf, samples, strict=True)
+    ]
+    chance, greedy = held_out_scores(trainer, samples)
+    assert chance == pytest.approx(sum(chances) / 3, rel=1e-4) and 0 < chance < 1
+    assert greedy == pytest.approx(2 / 3)
 
 
 def test_train_step_is_packing_invariant_reports_metrics_and_learns(hf_checkpoints, dist1):

@@ -118,8 +118,8 @@ class ModelConfig:
     warm_start_batch: int = 64  # demonstrations per step, drawn without replacement
     warm_start_lr: float = 1e-3  # Adam, linear warmup over 30 steps, then constant; clip 1.0
     warm_start_seed: int = 0  # batch draws, trainer, tasks (generator seed: this + 7919)
-    # Stop once greedy decoding reproduces this share of 64 held-out demonstrations (checked
-    # every 10 steps); warm_start_steps is then the cap. 0 = run all warm_start_steps.
+    # Stop once sampling at T=1 would write 64 held-out demonstrations exactly with this mean
+    # chance (RL's first reward); warm_start_steps is then the cap. 0 = run them all.
     warm_start_target: float = 0.0
 
     def __post_init__(self) -> None:

@@ -43,7 +43,7 @@ def _tools_preset() -> dict[str, Any]:
             demonstrations="vime.suites.tools.demonstrations:demonstration",
         ),
         "engine": {"max_model_len": 2048},
-        "model": {"warm_start_steps": 1200, "warm_start_batch": 16, "warm_start_target": 0.25},
+        "model": {"warm_start_steps": 1200, "warm_start_batch": 32, "warm_start_target": 0.2},
         "rollout": {
             "batch_size": 16,
             "collector": {"max_model_len": 2048, "sampling": {"max_tokens": 48}},

@@ -17,11 +17,12 @@ and a demonstration that does not earn the full reward is an error, not training
 
 Where the warm start should end depends on the device: the same steps and seed leave the
 tiny model copying the tool's result on one CPU and not yet on another, or solving the
-task outright on a GPU. With ``model.warm_start_target`` set it ends by outcome instead:
-every 10 steps it checks which of 64 held-out demonstrations greedy decoding would
-reproduce token for token, and stops once that share reaches the target
-(``warm_start_steps`` is then the cap). ``vime_warm_start.json`` beside the weights says
-where it stopped.
+task outright on a GPU; the seed alone moved the step where the copy is learned from 240
+to 1090. With ``model.warm_start_target`` set it ends by outcome instead: it stops once
+sampling at T=1 would write 64 held-out demonstrations exactly with that mean probability
+(``warm_start_steps`` is then the cap). That chance is RL's first reward: a warm start
+ended on a greedy share instead left some seeds with a 5% chance, and RL lost ground from
+there. ``vime_warm_start.json`` beside the weights says where it stopped.
 
 The result is cached by content (starting model, env, steps, batch, lr, seed, target): a
 second run reuses it. It runs in a subprocess so that the RL trainer starts from a clean
@@ -38,6 +39,7 @@ import hashlib
 import importlib
 import json
 import logging
+import math
 import os
 import random
 import shutil
@@ -67,13 +69,15 @@ from vime.types import Sample
 log = logging.getLogger("vime.train")
 
 # Bump when the recipe below changes (invalidates cached warm starts).
-RECIPE_VERSION = 2
+RECIPE_VERSION = 3
 WARMUP_STEPS = 30  # measured: without warmup the first Adam steps undo the start
 # model.warm_start_target is checked on this many held-out demonstrations (at most a
-# quarter of them), every CHECK_EVERY steps: on CPU a check costs about one train step,
-# and the reproduced share rose by under 0.1 per 10 steps where it was measured.
+# quarter of them), every CHECK_EVERY steps, and every step once the chance is above
+# RISING: on CPU a check costs about one train step, and the chance sits near 0 for
+# hundreds of steps, then jumps from 0.01 to 0.2 in about 15 (measured on the tools env).
 HELD_OUT = 64
 CHECK_EVERY = 10
+RISING = 0.01
 REPORT = "vime_warm_start.json"  # written beside the weights: how the warm start ended
 # Demonstrations are written in the Hermes tool-call format (the tiny model's template);
 # a plain-text turn parses to plain text in every format.
@@ -158,13 +162,13 @@ def warm_start(
 def _warn_if_short(out: Path, model: ModelConfig) -> None:
     """Log when the warm start hit its cap before ``model.warm_start_target``."""
     report = json.loads((out / REPORT).read_text()) if (out / REPORT).exists() else {}
-    share = report.get("held_out_greedy")
-    if model.warm_start_target and share is not None and share < model.warm_start_target:
+    chance = report.get("held_out_chance")
+    if model.warm_start_target and chance is not None and chance < model.warm_start_target:
         log.warning(
-            "warm start: greedy decoding reproduced %.2f of the held-out demonstrations after "
-            "model.warm_start_steps=%d, short of model.warm_start_target=%.2f; RL may see "
-            "little reward: raise model.warm_start_steps",
-            share,
+            "warm start: sampling would write the held-out demonstrations with a mean chance "
+            "of %.3f after model.warm_start_steps=%d, short of model.warm_start_target=%.2f; "
+            "RL may see little reward: raise model.warm_start_steps",
+            chance,
             report.get("steps", model.warm_start_steps),
             model.warm_start_target,
         )
@@ -180,24 +184,9 @@ def _build(
 ) -> None:
     cache_root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".warm-", dir=cache_root))
-    spec = {
-        "model_dir": str(model_dir),
-        "out": str(tmp / "model"),
-        "model": model.__dict__,
-        "env_id": env.id,
-        "env_kwargs": env.kwargs,
-        "tasks": env.builtin_tasks,
-        "tasks_args": env.builtin_args,
-        "tasks_path": env.tasks.path,
-        "demonstrations": env.demonstrations,
-        "template_kwargs": template_kwargs,
-    }
-    # The child is a world of its own: under torchrun it must not join the run's world.
-    env_vars = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
-    env_vars["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
     proc = subprocess.run(
-        [sys.executable, "-m", "vime.rl.warm_start", json.dumps(spec)],
-        env=env_vars,
+        child_command(model_dir, tmp / "model", model, env, template_kwargs),
+        env=child_environment(),
         text=True,
         stdout=None,  # the child's progress bar goes straight to the terminal
         stderr=subprocess.PIPE,
@@ -210,6 +199,39 @@ def _build(
         shutil.rmtree(out)
     os.replace(tmp / "model", out)
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+def child_command(
+    model_dir: Path, out: Path, model: ModelConfig, env: EnvConfig, template_kwargs: dict[str, Any]
+) -> list[str]:
+    """The command line of the warm start's child process, which writes the HF folder
+    ``out`` and its ``vime_warm_start.json``.
+
+    Example:
+        >>> child_command(Path("tiny"), Path("out"), ModelConfig(), EnvConfig(), {})[1:3]
+        ['-m', 'vime.rl.warm_start']
+    """
+    spec = {
+        "model_dir": str(model_dir),
+        "out": str(out),
+        "model": model.__dict__,
+        "env_id": env.id,
+        "env_kwargs": env.kwargs,
+        "tasks": env.builtin_tasks,
+        "tasks_args": env.builtin_args,
+        "tasks_path": env.tasks.path,
+        "demonstrations": env.demonstrations,
+        "template_kwargs": template_kwargs,
+    }
+    return [sys.executable, "-m", "vime.rl.warm_start", json.dumps(spec)]
+
+
+def child_environment() -> dict[str, str]:
+    """The child's environment: a world of its own (under torchrun it must not join the
+    run's world), on one thread unless ``OMP_NUM_THREADS`` says otherwise."""
+    env_vars = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    env_vars["OMP_NUM_THREADS"] = os.environ.get("OMP_NUM_THREADS", "1")
+    return env_vars
 
 
 def demonstration_sample(
@@ -319,44 +341,51 @@ def _run(spec: dict[str, Any]) -> None:
     report: dict[str, Any] = {
         "target": model.warm_start_target,
         "held_out": len(held_out),
-        "checks": [],  # [step, nll, held-out greedy share] at each check
+        "checks": [],  # [step, nll, held-out chance, held-out greedy share] at each check
     }
     with Progress() as bar:
         job = bar.add_task("warm start (SFT)", total=model.warm_start_steps)
-        greedy = ""
+        shown = ""
         for step in range(1, model.warm_start_steps + 1):
             batch = rng.sample(samples, min(model.warm_start_batch, len(samples)))
             metrics = trainer.train_step(batch)
             # rollout_logprobs are 0 here, so the |trainer - rollout| log-prob gap is the NLL.
             report.update(steps=step, nll=metrics["train_rollout_logprob_abs_diff"])
-            if held_out and (step % CHECK_EVERY == 0 or step == model.warm_start_steps):
-                report["held_out_greedy"] = greedy_share(trainer, held_out)
-                report["checks"].append([step, round(report["nll"], 4), report["held_out_greedy"]])
-                greedy = f" held-out greedy {report['held_out_greedy']:.2f}"
+            rising = report.get("held_out_chance", 0.0) > RISING
+            if held_out and (rising or step % CHECK_EVERY == 0 or step == model.warm_start_steps):
+                chance, greedy = held_out_scores(trainer, held_out)
+                report.update(held_out_chance=chance, held_out_greedy=greedy)
+                report["checks"].append([step, round(report["nll"], 4), round(chance, 4), greedy])
+                shown = f" held-out chance {chance:.3f} greedy {greedy:.2f}"
             bar.update(
-                job, advance=1, description=f"warm start (SFT) nll {report['nll']:.3f}{greedy}"
+                job, advance=1, description=f"warm start (SFT) nll {report['nll']:.3f}{shown}"
             )
-            if report.get("held_out_greedy", 0.0) >= model.warm_start_target > 0:
+            if report.get("held_out_chance", 0.0) >= model.warm_start_target > 0:
                 bar.update(job, total=step)
                 break
     trainer.export_hf(spec["out"])
     (Path(spec["out"]) / REPORT).write_text(json.dumps(report, indent=1) + "\n")
 
 
-def greedy_share(trainer: Trainer, samples: list[Sample]) -> float:
-    """The share of ``samples`` whose every trained token is the model's argmax: greedy
-    decoding would write those demonstrations exactly (given the env's same answers).
+def held_out_scores(trainer: Trainer, samples: list[Sample]) -> tuple[float, float]:
+    """How well the model writes ``samples``' trained tokens: the mean chance that sampling
+    at the trainer's temperature writes a demonstration exactly (exp of its summed
+    log-probs, given the env's same answers), and the share that greedy decoding writes
+    exactly.
 
     Example (skipped as a doctest: it needs a :class:`~vime.trainer.step.Trainer`):
-        >>> greedy_share(trainer, held_out)  # doctest: +SKIP
-        0.25
+        >>> held_out_scores(trainer, held_out)  # doctest: +SKIP
+        (0.2031, 0.75)
     """
-    rows = trainer.compute_greedy_hits(samples)
+    chances = [
+        math.exp(sum(lp for lp, m in zip(row, s.loss_mask, strict=True) if m))
+        for row, s in zip(trainer.compute_logprobs(samples), samples, strict=True)
+    ]
     exact = [
         all(hit for hit, m in zip(row, s.loss_mask, strict=True) if m)
-        for row, s in zip(rows, samples, strict=True)
+        for row, s in zip(trainer.compute_greedy_hits(samples), samples, strict=True)
     ]
-    return sum(exact) / len(exact)
+    return sum(chances) / len(chances), sum(exact) / len(exact)
 
 
 def _load_function(target: str) -> Any:

@@ -125,7 +125,8 @@ def calculator_tasks(
     ``vime-agent train env=tools`` (:mod:`vime.suites.tools.demonstrations` has its
     demonstration). The defaults give every expression 9 characters and every product 6
     digits (317² > 10⁵): each copied digit then sits a fixed number of tokens back, which
-    the tiny model learned in 530 warm-start steps. Each task keeps its ``expression``.
+    the tiny model learned in 160 to 1090 warm-start steps, depending on the seed and the
+    batch (``envs/tools/README.md``). Each task keeps its ``expression``.
 
     Example:
         >>> calculator_tasks(1, seed=3)[0]["question"]
