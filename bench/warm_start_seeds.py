@@ -84,6 +84,7 @@ def main() -> None:
                         "chance": round(r.get("held_out_chance", 0.0), 4),
                         "greedy": r.get("held_out_greedy"),
                         "s_per_step": round(r["seconds"] / r["steps"], 3),
+                        "last_checks": r["checks"][-4:],  # [step, nll, chance]
                     }
                 ),
                 flush=True,

@@ -41,9 +41,9 @@ def test_logprobs_match_transformers_at_temperature(family, hf_checkpoints, dist
 
 def test_greedy_hits_mark_the_models_argmax_tokens(hf_checkpoints, dist1):
     """compute_greedy_hits: 1.0 on the HF model's own greedy tokens, 0.0 on a token that is
-    not the argmax; held_out_scores (what the warm start's model.warm_start_target checks)
-    gives the mean sampling chance of the trained tokens and the greedy share."""
-    from vime.rl.warm_start import held_out_scores
+    not the argmax (greedy_share); held_out_chance (what the warm start's
+    model.warm_start_target checks) is the mean sampling chance of the trained tokens."""
+    from vime.rl.warm_start import greedy_share, held_out_chance
 
     folder = hf_checkpoints["qwen2"]
     samples = greedy_samples(str(folder), 3, seed=2)
@@ -60,9 +60,9 @@ def test_greedy_hits_mark_the_models_argmax_tokens(hf_checkpoints, dist1):
         math.exp(sum(lp for lp, m in zip(row, s.loss_mask, strict=True) if m))
         for row, s in zip(hf, samples, strict=True)
     ]
-    chance, greedy = held_out_scores(trainer, samples)
+    chance = held_out_chance(trainer, samples)
     assert chance == pytest.approx(sum(chances) / 3, rel=1e-4) and 0 < chance < 1
-    assert greedy == pytest.approx(2 / 3)
+    assert greedy_share(trainer, samples) == pytest.approx(2 / 3)
 
 
 def test_train_step_is_packing_invariant_reports_metrics_and_learns(hf_checkpoints, dist1):
