@@ -99,8 +99,12 @@ def test_swe_on_the_tiny_model_warns_at_start_up(tmp_path, caplog):
     assert any("env=swe needs a real model" in r.getMessage() for r in caplog.records)
 
 
-RISE_STEPS = 10
-EDGE = 3  # steps averaged at each end of the run: 384 episodes, a std of ~0.02 at p=0.2
+# RL's rise on this task is slow against the noise of its sampled reward: each step draws
+# 16 tasks of very different difficulty (measured: 0.25, 0.41, 0.42, 0.38, 0.29, 0.21, ...
+# in one run). The held-out chance has no such noise (64 fixed tasks, exact log-probs):
+# measured 0.368 at the warm start, 0.353 after 10 RL steps, 0.433 after 30.
+RISE_STEPS = 30
+EDGE = 5  # steps averaged at the run's end for the collapse guard
 
 
 @pytest.mark.engine
@@ -111,12 +115,12 @@ EDGE = 3  # steps averaged at each end of the run: 384 episodes, a std of ~0.02 
 # would not hold it.
 @pytest.mark.timeout(2400)
 def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path, monkeypatch):
-    """``vime-agent train env=tools`` shortened to 10 steps on the shared server: the
+    """``vime-agent train env=tools`` shortened to 30 steps on the shared server: the
     embedded warm start (cached by content, so the default run's is reused) ends at its
-    target, then RL raises the sampled reward it optimises, greedy eval holds, and the
-    plot is drawn."""
+    target; RL then raises the chance that sampling solves the held-out tasks (what its
+    reward estimates), greedy eval holds, and the plot is drawn."""
     from vime.rl.loop import train
-    from vime.rl.warm_start import REPORT
+    from vime.rl.warm_start import REPORT, score
 
     cfg = load_config(
         [
@@ -137,16 +141,14 @@ def test_tools_run_rises_after_the_warm_start(shared_engine, tmp_path, monkeypat
     assert report["held_out_chance"] >= cfg.model.warm_start_target
     assert report["steps"] < cfg.model.warm_start_steps  # it stopped at the target
     result = train(cfg)
+    after = score(result.run_dir / "weights" / f"v{RISE_STEPS:06d}", cfg.model, cfg.env)
     rows = [r for r in result.metrics if r["step"] > 0]
     rewards = [r["reward/mean"] for r in rows]
     evals = {r["step"]: r["eval/reward"] for r in result.metrics if "eval/reward" in r}
-    print("sampled reward per step:", [round(x, 3) for x in rewards], "greedy eval:", evals)
-    # The held-out chance is RL's first reward (both are the chance of a T=1 episode).
-    assert sum(rewards[:EDGE]) / EDGE > report["held_out_chance"] / 2, rewards
-    # RL raises what it optimises. Greedy eval is not that: from a warm start whose greedy
-    # share is already high (0.3-1.0 by seed at chance 0.2) it moved 0.91 -> 0.98 on one
-    # CPU and 0.91 -> 0.77 on another in these 10 steps, so it must only hold up.
-    assert sum(rewards[-EDGE:]) > sum(rewards[:EDGE]), rewards
+    print("after RL:", after, "reward per step:", [round(x, 3) for x in rewards], evals)
+    assert after["held_out_chance"] > report["held_out_chance"], (after, report)
+    # Guards against a collapse, which the chance alone could hide behind a few easy tasks.
+    assert sum(rewards[-EDGE:]) / EDGE > report["held_out_chance"] / 2, rewards
     assert evals[0] > 0 and evals[RISE_STEPS] > evals[0] / 2, evals
     assert sum(r["samples/trained"] for r in rows) > 0  # groups with mixed rewards
     assert (result.run_dir / "reward.png").exists()

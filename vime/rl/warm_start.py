@@ -200,6 +200,29 @@ def _build(
     shutil.rmtree(tmp, ignore_errors=True)
 
 
+def score(
+    model_dir: Path,
+    model: ModelConfig,
+    env: EnvConfig,
+    template_kwargs: dict[str, Any] | None = None,
+) -> dict[str, float]:
+    """How the weights in ``model_dir`` (any later step of a run too) write the warm start's
+    held-out demonstrations: ``held_out_chance`` and ``held_out_greedy``, as its report
+    gives them at its end. Measured in a child process, like the warm start.
+
+    Example (skipped as a doctest: it loads the model into a Megatron trainer):
+        >>> score(run_dir / "weights", cfg.model, cfg.env)  # doctest: +SKIP
+        {'held_out_chance': 0.41, 'held_out_greedy': 0.69}
+    """
+    command = child_command(model_dir, model_dir, model, env, dict(template_kwargs or {}))
+    command[-1] = json.dumps({**json.loads(command[-1]), "score": True})
+    proc = subprocess.run(command, env=child_environment(), text=True, capture_output=True)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise TrainerError(f"scoring {model_dir} failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def child_command(
     model_dir: Path, out: Path, model: ModelConfig, env: EnvConfig, template_kwargs: dict[str, Any]
 ) -> list[str]:
@@ -327,7 +350,7 @@ def _run(spec: dict[str, Any]) -> None:
         ),
     )
     held_out: list[Sample] = []
-    if model.warm_start_target:
+    if model.warm_start_target or spec.get("score"):
         n = min(HELD_OUT, len(samples) // 4)
         if n == 0:
             raise DataError(
@@ -336,6 +359,13 @@ def _run(spec: dict[str, Any]) -> None:
                 "model.warm_start_target=0"
             )
         samples, held_out = samples[n:], samples[:n]
+    if spec.get("score"):  # score(): measure model_dir's weights, train nothing
+        scores = {
+            "held_out_chance": held_out_chance(trainer, held_out),
+            "held_out_greedy": greedy_share(trainer, held_out),
+        }
+        print(json.dumps(scores), flush=True)
+        return
     rng = random.Random(model.warm_start_seed)
     report: dict[str, Any] = {
         "target": model.warm_start_target,
