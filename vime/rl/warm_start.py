@@ -214,8 +214,9 @@ def score(
         >>> score(run_dir / "weights", cfg.model, cfg.env)  # doctest: +SKIP
         {'held_out_chance': 0.41, 'held_out_greedy': 0.69}
     """
-    command = child_command(model_dir, model_dir, model, env, dict(template_kwargs or {}))
-    command[-1] = json.dumps({**json.loads(command[-1]), "score": True})
+    command = child_command(
+        model_dir, model_dir, model, env, dict(template_kwargs or {}), score=True
+    )
     proc = subprocess.run(command, env=child_environment(), text=True, capture_output=True)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
@@ -224,10 +225,17 @@ def score(
 
 
 def child_command(
-    model_dir: Path, out: Path, model: ModelConfig, env: EnvConfig, template_kwargs: dict[str, Any]
+    model_dir: Path,
+    out: Path,
+    model: ModelConfig,
+    env: EnvConfig,
+    template_kwargs: dict[str, Any],
+    *,
+    score: bool = False,
 ) -> list[str]:
     """The command line of the warm start's child process, which writes the HF folder
-    ``out`` and its ``vime_warm_start.json``.
+    ``out`` and its ``vime_warm_start.json`` (with ``score``: prints :func:`score`'s
+    figures for ``model_dir`` instead, training nothing).
 
     Example:
         >>> child_command(Path("tiny"), Path("out"), ModelConfig(), EnvConfig(), {})[1:3]
@@ -244,6 +252,7 @@ def child_command(
         "tasks_path": env.tasks.path,
         "demonstrations": env.demonstrations,
         "template_kwargs": template_kwargs,
+        "score": score,
     }
     return [sys.executable, "-m", "vime.rl.warm_start", json.dumps(spec)]
 
@@ -366,6 +375,16 @@ def _run(spec: dict[str, Any]) -> None:
         }
         print(json.dumps(scores), flush=True)
         return
+    report = _train(trainer, samples, held_out, model)
+    trainer.export_hf(spec["out"])
+    (Path(spec["out"]) / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def _train(
+    trainer: Trainer, samples: list[Sample], held_out: list[Sample], model: ModelConfig
+) -> dict[str, Any]:
+    """The SFT steps, ended by the cap or by ``model.warm_start_target`` on ``held_out``;
+    returns the report written beside the weights."""
     rng = random.Random(model.warm_start_seed)
     report: dict[str, Any] = {
         "target": model.warm_start_target,
@@ -394,8 +413,7 @@ def _run(spec: dict[str, Any]) -> None:
                 break
     if held_out:  # where greedy decoding stands at the end (eval's starting point), once
         report["held_out_greedy"] = greedy_share(trainer, held_out)
-    trainer.export_hf(spec["out"])
-    (Path(spec["out"]) / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+    return report
 
 
 def held_out_chance(trainer: Trainer, samples: list[Sample]) -> float:
