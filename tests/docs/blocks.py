@@ -20,6 +20,10 @@ an optional marker comment on the line before it:
   does the same with the run's own engine on a machine with N CUDA GPUs, and is skipped
   on one with fewer. In both, ``/ckpt/NAME`` stands for the tiny model's folder (an HF
   checkpoint like any other) and ``RUN`` for a copy of a real finished run.
+  ``<!-- docs-test: serve -->`` runs a block that starts a server: each ``vime-agent
+  serve`` command starts in the background and is waited on until it prints its URL;
+  ``http://127.0.0.1:PORT`` in the block's later commands is that URL; at the block's end
+  the server gets SIGTERM and must stop cleanly (exit 0).
   ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in
   them is the folder of a short training run made once a session (``docs_run`` in
   tests/docs/conftest.py), and they run in a scratch folder whose ``.venv`` is the
@@ -49,7 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARKER = re.compile(
-    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu)\s*(?P<arg>.*?)\s*-->"
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu|serve)\s*(?P<arg>.*?)\s*-->"
 )
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
@@ -74,7 +78,7 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker", "run-folder", "short", "gpu" or "no-run"
+    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve" or "no-run"
     arg: str  # the marker's argument: the file name, the GPU count, the reason
     code: str
 

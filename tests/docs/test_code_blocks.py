@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,8 @@ def test_every_block_has_one_treatment():
             problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
+        if b.marker == "serve" and (b.lang != "bash" or not any(_serves(c) for c in commands(b))):
+            problems.append(f"{b.where}: 'serve' marks a bash block with a vime-agent serve")
         if b.marker == "run-folder" and (
             b.lang not in ("bash", "console") or not RUN.search(b.code)
         ):
@@ -79,6 +84,7 @@ def _scratch(page: str, tmp_path: Path) -> Path:
     folder.mkdir(exist_ok=True)
     for b in _page_blocks(page):
         if b.marker == "file":
+            (folder / b.arg).parent.mkdir(parents=True, exist_ok=True)
             (folder / b.arg).write_text(b.code)
     return folder
 
@@ -172,23 +178,27 @@ def _run_shell(
         lines = expected.get(cmd, [])
         if run is not None:
             cmd, lines = RUN.sub(str(run), cmd), [RUN.sub(str(run), ln) for ln in lines]
-        cmd = rewrite(cmd)
-        out = subprocess.run(
-            ["bash", "-c", cmd],
-            cwd=cwd,
-            env=_env(folder),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        assert out.returncode == 0, (
-            f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
-        )
-        printed = out.stdout + out.stderr
-        for line in lines:
-            assert line in printed, (
-                f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
-            )
+        _run_command(block, rewrite(cmd), lines, folder, cwd, timeout)
+
+
+def _run_command(
+    block: Block, cmd: str, lines: list[str], folder: Path, cwd: Path, timeout: float
+) -> None:
+    """Run one command of ``block``: it must exit 0 and print each of ``lines``."""
+    out = subprocess.run(
+        ["bash", "-c", cmd],
+        cwd=cwd,
+        env=_env(folder),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert out.returncode == 0, (
+        f"{block.where}: `{cmd}` exited {out.returncode}:\n{out.stderr[-3000:]}"
+    )
+    printed = out.stdout + out.stderr
+    for line in lines:
+        assert line in printed, f"{block.where}: `{cmd}` did not print {line!r}:\n{printed[-3000:]}"
 
 
 @pytest.mark.parametrize(
@@ -213,6 +223,69 @@ def test_run_folder_blocks_run(block, docs_run, tmp_path):
     folder = _scratch(block.page, tmp_path)
     (folder / ".venv").symlink_to(ROOT / ".venv")
     _run_shell(block, folder, folder, run=docs_run)
+
+
+def _serves(cmd: str) -> bool:
+    args = vime_args(shlex.split(cmd))
+    return bool(args) and args[0] == "serve"
+
+
+def _wait_for_url(server: subprocess.Popen, where: str, timeout: float) -> str:
+    """The URL a ``vime-agent serve`` prints as its last line once the server is ready."""
+    found: queue.Queue[str] = queue.Queue()
+    printed: list[str] = []
+
+    def read() -> None:  # keeps draining, so the server never blocks on a full pipe
+        assert server.stdout is not None
+        for line in server.stdout:
+            printed.append(line)
+            if re.fullmatch(r"http://\S+", line.strip()):
+                found.put(line.strip())
+        found.put("")  # it exited
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        url = found.get(timeout=timeout)
+    except queue.Empty:
+        url = ""
+    assert url, f"{where}: `vime-agent serve` printed no URL:\n{''.join(printed)[-3000:]}"
+    return url
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+@pytest.mark.parametrize("block", [b for b in SHELL if b.marker == "serve"], ids=lambda b: b.where)
+def test_serve_blocks_run(block, tmp_path):
+    """Each ``vime-agent serve`` starts a real vLLM server; the block's other commands reach
+    it at the URL it printed; SIGTERM then stops it cleanly."""
+    folder = _scratch(block.page, tmp_path)
+    (folder / ".venv").symlink_to(ROOT / ".venv")
+    assert any(_serves(c) for c in commands(block)), f"{block.where}: no vime-agent serve"
+    servers: list[subprocess.Popen] = []
+    url = ""
+    try:
+        for cmd in commands(block):
+            if _serves(cmd):
+                servers.append(
+                    subprocess.Popen(
+                        ["bash", "-c", f"exec {cmd}"],
+                        cwd=folder,
+                        env=_env(folder),
+                        stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT,
+                        text=True,
+                    )
+                )
+                url = _wait_for_url(servers[-1], block.where, timeout=300)
+            else:
+                assert url or "PORT" not in cmd, f"{block.where}: PORT before a serve"
+                cmd = cmd.replace("http://127.0.0.1:PORT", url)
+                _run_command(block, cmd, [], folder, folder, timeout=300)
+    finally:
+        for server in servers:
+            server.send_signal(signal.SIGTERM)
+    for server in servers:
+        assert server.wait(timeout=120) == 0, f"{block.where}: the server did not stop cleanly"
 
 
 def _trains(cmd: str) -> bool:
