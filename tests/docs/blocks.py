@@ -16,7 +16,9 @@ an optional marker comment on the line before it:
   ``<!-- docs-test: short -->`` runs a block of training commands for real, shortened:
   each ``vime-agent train`` (also under ``torchrun`` or ``scripts/main.sh``) gets
   :data:`SHORTEN` appended (one step, tiny batches, no warm start or eval), attached to
-  the session's vLLM server, in the page's scratch folder. ``<!-- docs-test: gpu N -->``
+  the session's vLLM server, in the page's scratch folder. The one command CI runs
+  (``.ci/run`` execs it: :func:`ci_command`) is not nested in the suite it starts; every CI
+  run runs it in full. ``<!-- docs-test: gpu N -->``
   does the same with the run's own engine on a machine with N CUDA GPUs, and is skipped
   on one with fewer. In both, ``/ckpt/NAME`` stands for the tiny model's folder (an HF
   checkpoint like any other) and ``RUN`` for a copy of a real finished run.
@@ -69,6 +71,19 @@ SHORTEN = (
     "model.warm_start_steps=0",
     "eval_every=0",
 )
+
+
+def ci_command() -> str:
+    """The command ``.ci/run`` execs: the README's test command.
+
+    Example:
+        >>> ci_command()
+        'bash scripts/test.sh'
+    """
+    (line,) = [
+        ln for ln in (ROOT / ".ci" / "run").read_text().splitlines() if ln.startswith("exec ")
+    ]
+    return line.removeprefix("exec ").strip()
 
 
 @dataclass
