@@ -66,3 +66,31 @@ def test_pool_off_gives_a_cold_container_removed_on_close(sandbox_config, docker
         all=True, filters={"label": "vime.test=cold-lease"}
     )
     assert left == []
+
+
+def test_a_process_that_exits_with_pooled_sandboxes_removes_them_quietly(base_image, docker_host):
+    """At interpreter exit no new thread may start: the pools' exit hook must still remove
+    every sandbox (one leased, one warm), with no traceback on stderr."""
+    import subprocess
+    import sys
+
+    from vime.sandbox.client import docker_client
+
+    program = (
+        "from vime.sandbox import SandboxConfig\n"
+        "from vime.sandbox.leases import lease, pool_for\n"
+        f"cfg = SandboxConfig(image={base_image!r}, timeout=30.0, pool_warm=2, pool_max=2,"
+        " labels={'vime.test': 'exit-hook'})\n"
+        "pool_for(cfg).wait_ready(60)\n"
+        "held = lease(cfg)\n"
+        "assert held.exec('echo hi', timeout=10).stdout == 'hi\\n'\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    left = docker_client(docker_host).api.containers(
+        all=True, filters={"label": "vime.test=exit-hook"}
+    )
+    assert left == []

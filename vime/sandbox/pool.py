@@ -410,7 +410,14 @@ class SandboxPool:
         # Sandboxes still starting close themselves when their start returns.
         self._workers.shutdown(wait=True, cancel_futures=False)
         with ThreadPoolExecutor(max_workers=8) as closers:
-            list(closers.map(lambda sb: sb.close(), victims))
+            try:
+                closing = [closers.submit(sb.close) for sb in victims]
+            except RuntimeError:  # at interpreter exit (atexit) no new thread may start
+                closing = []
+                for sb in victims:
+                    sb.close()
+            for done in closing:
+                done.result()
         self._async_threads.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> SandboxPool:
