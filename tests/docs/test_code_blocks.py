@@ -64,12 +64,14 @@ def test_every_block_has_one_treatment():
         if b.marker and b.marker != "file" and b.lang in ("text", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
         if b.marker in ("short", "gpu") and (
-            b.lang not in ("bash", "console") or not any(_trains(c) for c in commands(b))
+            b.lang not in ("bash", "console") or not any(_runs(c, "train") for c in commands(b))
         ):
             problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
-        if b.marker == "serve" and (b.lang != "bash" or not any(_serves(c) for c in commands(b))):
+        if b.marker == "serve" and (
+            b.lang != "bash" or not any(_runs(c, "serve") for c in commands(b))
+        ):
             problems.append(f"{b.where}: 'serve' marks a bash block with a vime-agent serve")
         if b.marker == "run-folder" and (
             b.lang not in ("bash", "console") or not RUN.search(b.code)
@@ -79,10 +81,13 @@ def test_every_block_has_one_treatment():
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
 
 
-def _scratch(page: str, tmp_path: Path) -> Path:
-    """The page's scratch folder, with its ``file`` blocks written."""
+def _scratch(page: str, tmp_path: Path, *, venv: bool = False) -> Path:
+    """The page's scratch folder, with its ``file`` blocks written; with ``venv``, its
+    ``.venv`` links to the repository's (``.venv/bin/vime-agent`` from there)."""
     folder = tmp_path / Path(page).stem
     folder.mkdir(exist_ok=True)
+    if venv:
+        (folder / ".venv").symlink_to(ROOT / ".venv")
     for b in _page_blocks(page):
         if b.marker == "file":
             (folder / b.arg).parent.mkdir(parents=True, exist_ok=True)
@@ -221,14 +226,8 @@ def test_shell_blocks_run(block, tmp_path, request):
 def test_run_folder_blocks_run(block, docs_run, tmp_path):
     """``RUN`` is a real finished run; the commands run in a scratch folder (``html=ep.html``,
     ``eval compare``'s ``eval-compare/`` land there) whose ``.venv`` links to the repository's."""
-    folder = _scratch(block.page, tmp_path)
-    (folder / ".venv").symlink_to(ROOT / ".venv")
+    folder = _scratch(block.page, tmp_path, venv=True)
     _run_shell(block, folder, folder, run=docs_run)
-
-
-def _serves(cmd: str) -> bool:
-    args = vime_args(shlex.split(cmd))
-    return bool(args) and args[0] == "serve"
 
 
 def _wait_for_url(server: subprocess.Popen, where: str, timeout: float) -> str:
@@ -259,14 +258,12 @@ def _wait_for_url(server: subprocess.Popen, where: str, timeout: float) -> str:
 def test_serve_blocks_run(block, tmp_path):
     """Each ``vime-agent serve`` starts a real vLLM server; the block's other commands reach
     it at the URL it printed; SIGTERM then stops it cleanly."""
-    folder = _scratch(block.page, tmp_path)
-    (folder / ".venv").symlink_to(ROOT / ".venv")
-    assert any(_serves(c) for c in commands(block)), f"{block.where}: no vime-agent serve"
+    folder = _scratch(block.page, tmp_path, venv=True)
     servers: list[subprocess.Popen] = []
     url = ""
     try:
         for cmd in commands(block):
-            if _serves(cmd):
+            if _runs(cmd, "serve"):
                 servers.append(
                     subprocess.Popen(
                         ["bash", "-c", f"exec {cmd}"],
@@ -289,9 +286,10 @@ def test_serve_blocks_run(block, tmp_path):
         assert server.wait(timeout=120) == 0, f"{block.where}: the server did not stop cleanly"
 
 
-def _trains(cmd: str) -> bool:
+def _runs(cmd: str, subcommand: str) -> bool:
+    """Whether ``cmd`` runs ``vime-agent SUBCOMMAND`` (also as scripts/main.sh, torchrun...)."""
     args = vime_args(shlex.split(cmd))
-    return bool(args) and args[0] == "train"
+    return bool(args) and args[0] == subcommand
 
 
 def _last_step(run: Path) -> int:
@@ -312,7 +310,7 @@ def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: st
     """
     if cmd == ci_command():  # the whole suite: CI runs it in full, the suite cannot nest it
         return "true"
-    trains = _trains(cmd)
+    trains = _runs(cmd, "train")
     cmd = CKPT.sub(str(ckpt), cmd)
     cmd = re.sub(r"(?<![\w/])scripts/", f"{ROOT}/scripts/", cmd)
     if not trains:
@@ -336,8 +334,7 @@ def _copy_of(run: Path, tmp_path: Path) -> Path:
 
 
 def _run_training_block(block: Block, tmp_path: Path, request, url: str | None) -> None:
-    folder = _scratch(block.page, tmp_path)
-    (folder / ".venv").symlink_to(ROOT / ".venv")  # `.venv/bin/vime-agent` from there
+    folder = _scratch(block.page, tmp_path, venv=True)
     ckpt = request.getfixturevalue("tiny_model_dir")
     run = None
     if RUN.search(block.code):
@@ -350,7 +347,7 @@ def _run_training_block(block: Block, tmp_path: Path, request, url: str | None) 
     steps_before = _last_step(run) if run is not None else 0
     _run_shell(block, folder, folder, run=run, rewrite=rewrite, timeout=600)
     # Each command trained: a new run has its step 1, a resumed one its next step.
-    trains = [c for c in commands(block) if _trains(c)]
+    trains = [c for c in commands(block) if _runs(c, "train")]
     fresh = [c for c in trains if "resume=" not in c]
     made = sorted(runs.iterdir()) if runs.exists() else []
     assert len(made) == len(fresh), f"{block.where}: {len(fresh)} runs expected, got {made}"
