@@ -101,3 +101,10 @@ def run_then_sigkill():
         return acked
 
     return run
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests run first (a stable sort): with two workers (``pytest -n 2``) the
+    long ones then overlap each other and the many short ones fill the gaps, instead of
+    one long test running alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
