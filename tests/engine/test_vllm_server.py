@@ -186,6 +186,24 @@ def test_server_dying_during_startup_is_one_clear_line(tiny_model_dir, tmp_path)
     assert "server log tail" in rest
 
 
+def test_an_engine_core_failing_at_startup_is_named_by_its_own_error(tiny_model_dir, tmp_path):
+    """vLLM's API server ends with "Engine core initialization failed. See root cause
+    above."; the first line names the engine core's error instead (here: no room for one
+    KV block, for real)."""
+    server = VLLMServer(
+        EngineConfig(
+            model=str(tiny_model_dir),
+            extra_args=["--num-gpu-blocks-override", "1"],
+            log_dir=str(tmp_path),
+        )
+    )
+    with pytest.raises(EngineStartupError) as err:
+        server.start()
+    first = str(err.value).partition("\n")[0]
+    assert "died during startup (exit code 1): ValueError: No available memory" in first, first
+    assert "See root cause above" not in first
+
+
 def test_startup_timeout_stops_the_process_group(tiny_model_dir, tmp_path):
     server = VLLMServer(
         EngineConfig(model=str(tiny_model_dir), startup_timeout_s=2, log_dir=str(tmp_path))

@@ -71,6 +71,9 @@ TORCHRUN_VARS = frozenset(
 log = logging.getLogger(__name__)
 
 LOG_TAIL_LINES = 40
+# Where the cause of a failed start is looked for: the engine core's error comes before
+# the API server's own traceback, which alone fills the last 40 lines.
+CAUSE_LINES = 400
 _LIVE: weakref.WeakSet[VLLMServer] = weakref.WeakSet()
 
 
@@ -173,10 +176,25 @@ _ERROR_LINE = re.compile(
 )
 
 
+# vLLM's API server ends a failed engine start with its own error pointing back at the
+# engine core's ("Engine core initialization failed. See root cause above."): the cause is
+# the error before it.
+_POINTER_LINE = re.compile(r".*\bSee root cause above\b.*")
+
+
 def _likely_cause(lines: list[str]) -> str:
-    """The last log line that looks like an error (argparse, a Python exception, OOM)."""
+    """The last log line that looks like an error (argparse, a Python exception, OOM),
+    passing over vLLM's pointers to an earlier one.
+
+    Example:
+        >>> _likely_cause(["ValueError: No available memory for the cache blocks.",
+        ...                "RuntimeError: Engine core initialization failed. See root cause above."])
+        'ValueError: No available memory for the cache blocks.'
+    """
     for i in range(len(lines) - 1, -1, -1):
         text = _strip_log_prefix(lines[i])
+        if _POINTER_LINE.fullmatch(text):
+            continue
         if text and _ERROR_LINE.fullmatch(text) and "Traceback" not in text:
             if "validation error" in text and i + 1 < len(lines):
                 # pydantic puts the actual reason on the next line
@@ -419,7 +437,7 @@ class VLLMServer:
             if self._proc is not None and self._proc.poll() is not None:
                 rc = self._proc.returncode
                 tail = self.log_tail()
-                cause = _likely_cause(tail.splitlines())
+                cause = _likely_cause(self.log_tail(CAUSE_LINES).splitlines())
                 self._close_log()
                 how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
                 head = f"vLLM server for {self.config.model} died during startup ({how})"
