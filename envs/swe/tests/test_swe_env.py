@@ -255,5 +255,6 @@ def test_eight_concurrent_episodes_leave_no_container(docker_host):
     assert not errors, errors
     assert len(results) == 8
     finished = [r for r in results.values() if r != ("abandoned",)]
-    assert len(finished) == 6 and all(r[0] == 1.0 and r[1] is True for r in finished), results
+    failed = {k: r for k, r in results.items() if r != ("abandoned",) and r[:2] != (1.0, True)}
+    assert len(finished) == 6 and not failed, failed  # the failed ones in full, with info
     assert _containers(tag) == []
