@@ -179,7 +179,7 @@ _ERROR_LINE = re.compile(
 # vLLM's API server ends a failed engine start with its own error pointing back at the
 # engine core's ("Engine core initialization failed. See root cause above."): the cause is
 # the error before it.
-_POINTER_LINE = re.compile(r".*\bSee root cause above\b.*")
+_POINTER = "See root cause above"
 
 
 def _likely_cause(lines: list[str]) -> str:
@@ -193,7 +193,7 @@ def _likely_cause(lines: list[str]) -> str:
     """
     for i in range(len(lines) - 1, -1, -1):
         text = _strip_log_prefix(lines[i])
-        if _POINTER_LINE.fullmatch(text):
+        if _POINTER in text:
             continue
         if text and _ERROR_LINE.fullmatch(text) and "Traceback" not in text:
             if "validation error" in text and i + 1 < len(lines):
@@ -436,8 +436,9 @@ class VLLMServer:
         while True:
             if self._proc is not None and self._proc.poll() is not None:
                 rc = self._proc.returncode
-                tail = self.log_tail()
-                cause = _likely_cause(self.log_tail(CAUSE_LINES).splitlines())
+                lines = self.log_tail(CAUSE_LINES).splitlines()  # one read: cause and tail
+                tail = "\n".join(lines[-LOG_TAIL_LINES:])
+                cause = _likely_cause(lines)
                 self._close_log()
                 how = f"killed by signal {-rc}" if rc < 0 else f"exit code {rc}"
                 head = f"vLLM server for {self.config.model} died during startup ({how})"
