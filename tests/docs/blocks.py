@@ -13,10 +13,11 @@ an optional marker comment on the line before it:
   allowed) and imports every ``vime`` module it names.
 - ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
   lines must then appear in what the command prints, ``...`` skipping).
-  ``<!-- docs-test: short -->`` runs a block of training commands for real, shortened:
-  each ``vime-agent train`` (also under ``torchrun`` or ``scripts/main.sh``) gets
-  :data:`SHORTEN` appended (one step, tiny batches, no warm start or eval), attached to
-  the session's vLLM server, in the page's scratch folder. The one command CI runs
+  ``<!-- docs-test: short -->`` runs a block of training or bench commands for real,
+  shortened: each ``vime-agent train`` (also under ``torchrun`` or ``scripts/main.sh``)
+  gets :data:`SHORTEN` appended (one step, tiny batches, no warm start or eval), each
+  ``python bench/X.py`` its :data:`BENCH_SHORTEN` flags (one small rep), attached to
+  the session's vLLM server where the script can attach, in the page's scratch folder. The one command CI runs
   (``.ci/run`` execs it: :func:`ci_command`) is not nested in the suite it starts; every CI
   run runs it in full. ``<!-- docs-test: gpu N -->``
   does the same with the run's own engine on a machine with N CUDA GPUs, and is skipped
@@ -71,6 +72,21 @@ SHORTEN = (
     "model.warm_start_steps=0",
     "eval_every=0",
 )
+# What a ``short``/``gpu`` block's bench commands get appended (argparse keeps the last of
+# a repeated flag): one small rep, so the script's whole path runs in seconds, with
+# ``{url}`` the session's server for the scripts that can attach to one (a ``gpu`` block
+# has none: its script launches its own engine).
+BENCH_SHORTEN: dict[str, tuple[str, ...]] = {
+    "bench/collector.py": (
+        *("--episodes", "8", "--concurrency", "4", "--max-tokens", "8", "--reps", "1"),
+        *("--no-progress", "--url", "{url}"),
+    ),
+    # Step 1 has nothing to overlap with and is dropped from the medians: two steps.
+    "bench/step.py": ("--steps", "2", "--rounds", "1", "--engine-url", "{url}", *SHORTEN[1:5]),
+    "bench/fleet.py": ("--episodes", "8", "--concurrency", "4", "--max-tokens", "8", "--reps", "1"),
+    "bench/trainer_step.py": ("--reps", "1", "--warmup", "0"),
+    "bench/weight_sync.py": ("--reps", "1"),
+}
 
 
 def ci_command() -> str:

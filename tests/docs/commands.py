@@ -27,7 +27,7 @@ WRAPPERS = {"nice", "timeout", "srun", "env"}  # run the command after their own
 SHELL_ONLY = {"export", "cd", "source"}  # set up the shell; nothing to check
 
 
-def _unwrap(words: list[str]) -> list[str]:
+def unwrap(words: list[str]) -> list[str]:
     """The command inside env assignments (``A=1 cmd``) and wrappers (``nice -n 10 cmd``)."""
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         words = words[1:]
@@ -35,13 +35,13 @@ def _unwrap(words: list[str]) -> list[str]:
         words = words[1:]
         while words and (words[0].startswith("-") or re.fullmatch(r"[\d.]+", words[0])):
             words = words[1:]
-        return _unwrap(words)
+        return unwrap(words)
     return words
 
 
 def vime_args(words: list[str]) -> list[str] | None:
     """The ``vime-agent`` arguments of a command line, or None when it runs something else."""
-    words = _unwrap(words)
+    words = unwrap(words)
     if not words:
         return None
     if words[0].endswith("vime-agent"):
@@ -51,6 +51,19 @@ def vime_args(words: list[str]) -> list[str] | None:
     module = words[words.index("-m") + 1 : words.index("-m") + 2] if "-m" in words else []
     if module == ["vime.cli"] and re.search(r"(python3?|torchrun)$", words[0]):
         return words[words.index("-m") + 2 :]
+    return None
+
+
+def bench_script(cmd: str) -> str | None:
+    """The bench script a command runs with Python, or None.
+
+    Example:
+        >>> bench_script("OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python bench/fleet.py")
+        'bench/fleet.py'
+    """
+    words = unwrap(shlex.split(cmd))
+    if len(words) >= 2 and re.search(r"python3?$", words[0]) and words[1].startswith("bench/"):
+        return words[1]
     return None
 
 
@@ -123,7 +136,7 @@ def _tool_help(args: tuple[str, ...]) -> str:
 
 def check_command(cmd: str) -> str:
     """Check one no-run command; return how it was checked (for the test's report)."""
-    words = _unwrap(shlex.split(cmd))
+    words = unwrap(shlex.split(cmd))
     args = vime_args(words)
     if args is not None:
         check_vime(args)
@@ -133,7 +146,7 @@ def check_command(cmd: str) -> str:
     if words[:2] == ["bash", "scripts/test.sh"] or words[:2] == ["bash", "scripts/setup.sh"]:
         assert (ROOT / words[1]).exists(), f"{words[1]} does not exist"
         return f"{words[1]}: exists"
-    if len(words) >= 2 and re.search(r"python3?$", words[0]) and words[1].startswith("bench/"):
+    if bench_script(cmd):
         text = script_help(words[1])
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
             assert flag in text, f"{words[1]}: no flag {flag} in its --help"

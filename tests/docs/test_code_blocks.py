@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.docs.blocks import (
+    BENCH_SHORTEN,
     KNOWN,
     ROOT,
     SHORTEN,
@@ -34,7 +35,7 @@ from tests.docs.blocks import (
     commands,
     console_expectations,
 )
-from tests.docs.commands import check_command, vime_args
+from tests.docs.commands import bench_script, check_command, vime_args
 from tests.shared_server import give_back_tiny_weights
 
 BLOCKS = all_blocks()
@@ -64,9 +65,14 @@ def test_every_block_has_one_treatment():
         if b.marker and b.marker != "file" and b.lang in ("text", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
         if b.marker in ("short", "gpu") and (
-            b.lang not in ("bash", "console") or not any(_runs(c, "train") for c in commands(b))
+            b.lang not in ("bash", "console")
+            or not any(_runs(c, "train") or bench_script(c) for c in commands(b))
         ):
-            problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains")
+            problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains or benches")
+        shortened_cmds = commands(b) if b.marker in ("short", "gpu") else []
+        for script in filter(None, map(bench_script, shortened_cmds)):
+            if script not in BENCH_SHORTEN:
+                problems.append(f"{b.where}: {script} has no BENCH_SHORTEN flags")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
         if b.marker == "serve" and (
@@ -301,7 +307,8 @@ def _last_step(run: Path) -> int:
 def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: str | None) -> str:
     """The command a ``short``/``gpu`` block really runs: ``/ckpt/NAME`` is ``ckpt``,
     ``scripts/`` the repository's, and a training run gets :data:`SHORTEN` (one step past
-    ``run``'s last when it resumes it), its own ``run_root`` and, given, the engine's URL.
+    ``run``'s last when it resumes it), its own ``run_root`` and, given, the engine's URL;
+    a bench script gets its :data:`BENCH_SHORTEN` flags (the URL where it takes one).
 
     Example:
         >>> shortened("bash scripts/main.sh steps=20", run_root=Path("/r"), ckpt=Path("/m"),
@@ -310,9 +317,15 @@ def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: st
     """
     if cmd == ci_command():  # the whole suite: CI runs it in full, the suite cannot nest it
         return "true"
-    trains = _runs(cmd, "train")
+    trains, script = _runs(cmd, "train"), bench_script(cmd)
     cmd = CKPT.sub(str(ckpt), cmd)
-    cmd = re.sub(r"(?<![\w/])scripts/", f"{ROOT}/scripts/", cmd)
+    cmd = re.sub(r"(?<![\w/])(scripts|bench)/", rf"{ROOT}/\1/", cmd)
+    if script:
+        flags = list(BENCH_SHORTEN[script])
+        if "{url}" in flags:  # the flag before it names the URL
+            at = flags.index("{url}")
+            flags[at - 1 : at + 1] = [flags[at - 1], url] if url else []
+        return f"{cmd} {shlex.join(flags)}"
     if not trains:
         return cmd
     extra = list(SHORTEN)
