@@ -451,7 +451,9 @@ def main() -> None:
     parser.add_argument("--loops", nargs="+", choices=LOOPS, default=list(LOOPS[:4]))
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--folder", help="an existing checkpoint built by this script")
+    parser.add_argument(
+        "--folder", help="the checkpoint to train (built there by this script when missing)"
+    )
     parser.add_argument(
         "--profile-dir", help="write one profiled step per loop (first --rows value) here"
     )
@@ -491,7 +493,7 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.folder) if args.folder else Path(tmp) / "model"
-        if not args.folder:
+        if not (folder / "config.json").exists():  # later runs on the same folder reuse it
             t0 = time.perf_counter()
             build_model(args.size, folder, args.dtype)
             print(f"  random checkpoint built in {time.perf_counter() - t0:.0f} s", flush=True)

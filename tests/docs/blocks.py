@@ -84,7 +84,8 @@ BENCH_SHORTEN: dict[str, tuple[str, ...]] = {
     # Step 1 has nothing to overlap with and is dropped from the medians: two steps.
     "bench/step.py": ("--steps", "2", "--rounds", "1", "--engine-url", "{url}", *SHORTEN[1:5]),
     "bench/fleet.py": ("--episodes", "8", "--concurrency", "4", "--max-tokens", "8", "--reps", "1"),
-    "bench/trainer_step.py": ("--reps", "1", "--warmup", "0"),
+    # The tiny shape: on a GPU the script would build and train its 1.5B model.
+    "bench/trainer_step.py": ("--size", "tiny", "--seq", "128", "--reps", "1", "--warmup", "0"),
     "bench/weight_sync.py": ("--reps", "1"),
 }
 

@@ -108,6 +108,7 @@ def _env(folder: Path) -> dict[str, str]:
         filter(None, [str(folder), str(ROOT), env.get("PYTHONPATH")])
     )
     env["PATH"] = VENV_BIN + os.pathsep + env.get("PATH", "")
+    env["OUT"] = str(folder)  # a bench record's $OUT: what it wrote on the device machine
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
@@ -169,8 +170,11 @@ def test_no_run_python_blocks_compile_and_import():
 SHELL = [b for b in BLOCKS if b.lang in ("bash", "console")]
 
 
-@pytest.mark.parametrize("block", [b for b in SHELL if b.marker == "no-run"], ids=lambda b: b.where)
-def test_no_run_shell_blocks_are_valid(block):
+@pytest.mark.parametrize(
+    "block", [b for b in SHELL if b.marker in ("no-run", "gpu")], ids=lambda b: b.where
+)
+def test_no_run_and_gpu_shell_blocks_are_valid(block):
+    """Checked here whatever the machine: a ``gpu N`` block runs only where N GPUs are."""
     for cmd in commands(block):
         check_command(cmd)
 
