@@ -43,6 +43,7 @@ PAGES = sorted({b.page for b in BLOCKS})
 VENV_BIN = str(Path(sys.executable).parent)
 RUN = re.compile(r"\bRUN\b")  # the run folder, in blocks marked run-folder, short or gpu
 CKPT = re.compile(r"/ckpt/[\w./-]+")  # an HF checkpoint folder, in blocks marked short or gpu
+SERVED = re.compile(r"http://127\.0\.0\.1:PORT(\d*)")  # a served URL, in blocks marked serve
 
 
 def _page_blocks(page: str) -> list[Block]:
@@ -265,12 +266,20 @@ def _wait_for_url(server: subprocess.Popen, where: str, timeout: float) -> str:
 @pytest.mark.engine
 @pytest.mark.slow
 @pytest.mark.parametrize("block", [b for b in SHELL if b.marker == "serve"], ids=lambda b: b.where)
-def test_serve_blocks_run(block, tmp_path):
+def test_serve_blocks_run(block, tiny_model_dir, tmp_path):
     """Each ``vime-agent serve`` starts a real vLLM server; the block's other commands reach
-    it at the URL it printed; SIGTERM then stops it cleanly."""
+    it at the URL it printed (``PORT``: the latest server's, ``PORTk``: the k-th's), a
+    training command runs shortened (one step, its own run folder); SIGTERM then stops
+    every server cleanly."""
     folder = _scratch(block.page, tmp_path, venv=True)
     servers: list[subprocess.Popen] = []
-    url = ""
+    urls: list[str] = []
+    runs = tmp_path / "short-runs"
+
+    def url_of(m: re.Match) -> str:
+        assert urls, f"{block.where}: PORT before a serve"
+        return urls[int(m.group(1)) - 1] if m.group(1) else urls[-1]
+
     try:
         for cmd in commands(block):
             if _runs(cmd, "serve"):
@@ -284,16 +293,21 @@ def test_serve_blocks_run(block, tmp_path):
                         text=True,
                     )
                 )
-                url = _wait_for_url(servers[-1], block.where, timeout=300)
-            else:
-                assert url or "PORT" not in cmd, f"{block.where}: PORT before a serve"
-                cmd = cmd.replace("http://127.0.0.1:PORT", url)
-                _run_command(block, cmd, [], folder, folder, timeout=300)
+                urls.append(_wait_for_url(servers[-1], block.where, timeout=300))
+                continue
+            cmd = SERVED.sub(url_of, cmd)
+            if _runs(cmd, "train"):
+                cmd = shortened(cmd, run_root=runs, ckpt=tiny_model_dir, run=None, url=None)
+            _run_command(block, cmd, [], folder, folder, timeout=300)
     finally:
         for server in servers:
             server.send_signal(signal.SIGTERM)
     for server in servers:
         assert server.wait(timeout=120) == 0, f"{block.where}: the server did not stop cleanly"
+    made = sorted(runs.iterdir()) if runs.exists() else []
+    assert len(made) == sum(_runs(c, "train") for c in commands(block)), made
+    for run in made:
+        assert _last_step(run) == 1, f"{run}: no step 1 in metrics.jsonl"
 
 
 def _runs(cmd: str, subcommand: str) -> bool:
