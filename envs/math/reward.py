@@ -8,7 +8,8 @@ numeric and symbolic equivalence (``1/2`` = ``0.5`` = ``\frac{1}{2}``, ``(x+1)^2
 Thread safety: math-verify's timeouts use ``signal.alarm``, which works only in the main
 thread, and the collector calls ``env.step`` from worker threads. So its timeouts are
 disabled here and replaced by cheap guards that refuse what could make sympy hang: long
-answers, power towers (``9^{9^{9}}``), huge exponents and huge factorials.
+answers, power towers (``9^{9^{9}}``), huge exponents (``2^{10000000}``, ``4E999999``) and
+huge factorials.
 
 Example:
     >>> score_answer(r"so the answer is \boxed{\frac{1}{2}}", "0.5").reward
@@ -24,7 +25,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-from vime.envs.answers import extract_boxed
+from vime.envs.answers import extract_boxed, huge_e_exponent
 
 MAX_ANSWER_CHARS = 300
 """Boxed answers longer than this are scored 0 without parsing (no real answer is that long)."""
@@ -106,6 +107,8 @@ def is_pathological(expr: str) -> bool:
         (True, False)
     """
     if len(expr) > MAX_ANSWER_CHARS or _TOWER.search(expr) or _BIG_FACTORIAL.search(expr):
+        return True
+    if huge_e_exponent(expr):  # 4E999999: math-verify expands it (minutes)
         return True
     if "!!" in expr or _FACTORIAL_OF_GROUP.search(expr):
         return True  # (10!)! or (10^{10})! would be evaluated exactly

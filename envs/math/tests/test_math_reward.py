@@ -1,5 +1,7 @@
 """The math reward on a table of cases, its guards against pathological input, and threads."""
 
+import subprocess
+import sys
 import threading
 import time
 
@@ -94,6 +96,20 @@ def test_extract_boxed_balances_braces():
 def test_guards():
     assert is_pathological("2^{1000000000}") and is_pathological("e^{x^{2}}")
     assert not is_pathological("x^{12}+y^2") and not is_pathological("2^{10}")
+
+
+def test_a_huge_e_exponent_is_refused_not_expanded():
+    """math-verify took minutes on ``4E999999`` (GIL held: every thread of a run waits).
+    In a child process, so that a regression fails on the timeout."""
+    code = (
+        "from vime.suites.math.reward import score_answer as s; "
+        "print(s(r'\\boxed{4E999999}', '4').reason, s(r'\\boxed{4e66040181676}', '4').reward)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["refused", "0.0"]
+    assert is_pathological("4E99999") and not is_pathological("4E9999")
 
 
 def test_pathological_inputs_are_fast():

@@ -29,6 +29,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from vime.envs.answers import huge_e_exponent
 from vime.envs.tasks import load_tasks as load_task_records
 from vime.errors import DataError
 
@@ -179,6 +180,8 @@ def _with_files(task: dict[str, Any]) -> dict[str, Any]:
 
 def _number(text: str) -> Fraction | None:
     cleaned = text.strip().replace(",", "").replace("_", "").replace(" ", "").rstrip(".")
+    if huge_e_exponent(cleaned):  # Fraction would expand it exactly (minutes, GIL held)
+        return None
     try:
         return Fraction(cleaned)
     except (ValueError, ZeroDivisionError):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from typing import Literal
 
 import pytest
@@ -134,6 +136,20 @@ def test_verifier_and_boxed():
     assert not answers_match("100000000000000000001", "100000000000000000000")
     assert extract_boxed("a \\boxed{1} then \\boxed{x{y}z}") == "x{y}z"
     assert extract_boxed("no box") is None and extract_boxed("\\boxed{open") is None
+
+
+def test_an_answer_with_a_huge_exponent_is_compared_as_text_at_once():
+    """``4e66040181676``, sampled by a model on the H200, made ``Fraction`` compute
+    10**66040181676 with the GIL held: the whole run stopped. A child process, so that a
+    regression fails on the timeout instead of freezing the test session."""
+    code = (
+        "from vime.suites.tools.tasks import answers_match as m; "
+        "print(m('4e66040181676', 4), m('4E999999', '4E999999'), m('4e3', 4000))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.split() == ["False", "True", "True"]
 
 
 def test_bundled_tasks_match_generator():
