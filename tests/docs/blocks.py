@@ -9,8 +9,7 @@ an optional marker comment on the line before it:
   ``<!-- docs-test: file NAME -->`` writes the block to NAME there instead (a module a
   later block imports; also on a ``text`` block: a data file such as ``words.jsonl``);
   ``<!-- docs-test: docker -->`` runs it with the project's
-  dockerd; ``<!-- docs-test: no-run REASON -->`` only compiles it (top-level ``await``
-  allowed) and imports every ``vime`` module it names.
+  dockerd. Every Python block runs: ``no-run`` on one is an error.
 - ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
   lines must then appear in what the command prints, ``...`` skipping).
   ``<!-- docs-test: short -->`` runs a block of training or bench commands for real,
@@ -25,8 +24,14 @@ an optional marker comment on the line before it:
   checkpoint like any other) and ``RUN`` for a copy of a real finished run.
   ``<!-- docs-test: serve -->`` runs a block that starts a server: each ``vime-agent
   serve`` command starts in the background and is waited on until it prints its URL;
-  ``http://127.0.0.1:PORT`` in the block's later commands is that URL; at the block's end
-  the server gets SIGTERM and must stop cleanly (exit 0).
+  ``http://127.0.0.1:PORT`` in the block's later commands is the latest server's URL
+  (``PORTk``: the k-th server's), a training command runs shortened; at the block's end
+  every server gets SIGTERM and must stop cleanly (exit 0).
+  ``<!-- docs-test: nodes 2 -->`` marks the one multi-node torchrun block: the same command
+  on every node, with ``N``, ``NODE0_ADDR`` and ``RUN_ID`` in its environment.
+  tests/rl/test_two_nodes.py runs it on two network namespaces of this machine, shortened
+  to 3 steps, with the flags that the scaling page's network notes give for hosts that
+  share a hostname (``--rdzv-conf is_host=1`` on node 0, ``--local-addr``).
   ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in
   them is the folder of a short training run made once a session (``docs_run`` in
   tests/docs/conftest.py), and they run in a scratch folder whose ``.venv`` is the
@@ -56,7 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MARKER = re.compile(
-    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu|serve)\s*(?P<arg>.*?)\s*-->"
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu|serve|nodes)\s*(?P<arg>.*?)\s*-->"
 )
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
@@ -110,7 +115,7 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve" or "no-run"
+    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve", "nodes", "no-run"
     arg: str  # the marker's argument: the file name, the GPU count, the reason
     code: str
 

