@@ -23,7 +23,8 @@ an optional marker comment on the line before it:
   on one with fewer. In both, ``/ckpt/NAME`` stands for the tiny model's folder (an HF
   checkpoint like any other) and ``RUN`` for a copy of a real finished run.
   ``<!-- docs-test: serve -->`` runs a block that starts a server: each ``vime-agent
-  serve`` command starts in the background and is waited on until it prints its URL;
+  serve`` command starts in the background (consecutive ones together), and before the
+  next other command each is waited on until it prints its URL;
   ``http://127.0.0.1:PORT`` in the block's later commands is the latest server's URL
   (``PORTk``: the k-th server's), a training command runs shortened; at the block's end
   every server gets SIGTERM and must stop cleanly (exit 0).

@@ -264,6 +264,10 @@ def test_serve_blocks_run(block, tiny_model_dir, tmp_path):
         assert urls, f"{block.where}: PORT before a serve"
         return urls[int(m.group(1)) - 1] if m.group(1) else urls[-1]
 
+    def wait_for_urls() -> None:  # servers started one after another start together
+        for server in servers[len(urls) :]:
+            urls.append(_wait_for_url(server, block.where, timeout=300))
+
     try:
         for cmd in commands(block):
             if _runs(cmd, "serve"):
@@ -277,12 +281,13 @@ def test_serve_blocks_run(block, tiny_model_dir, tmp_path):
                         text=True,
                     )
                 )
-                urls.append(_wait_for_url(servers[-1], block.where, timeout=300))
                 continue
+            wait_for_urls()
             cmd = SERVED.sub(url_of, cmd)
             if _runs(cmd, "train"):
                 cmd = shortened(cmd, run_root=runs, ckpt=tiny_model_dir, run=None, url=None)
             _run_command(block, cmd, [], folder, folder, timeout=300)
+        wait_for_urls()  # a block that only serves: each server printed its URL
     finally:
         for server in servers:
             server.send_signal(signal.SIGTERM)
