@@ -219,6 +219,7 @@ def test_failures_become_episodes_not_crashes(vllm_server, tok) -> None:
         n_samples=1,
         sampling=SamplingParams(max_tokens=4),
         env_timeout_s=0.3,
+        tool_parse_errors="env",  # as above: the slow step must run (it truncated once)
     )
     assert slow[0].status is EpisodeStatus.ERROR and "timed out after 0.3s" in slow[0].reason
     dead = PolicyClient.from_urls(
