@@ -79,21 +79,22 @@ SHORTEN = (
     "eval_every=0",
 )
 # What a ``short``/``gpu`` block's bench commands get appended (argparse keeps the last of
-# a repeated flag): one small rep, so the script's whole path runs in seconds, with
-# ``{url}`` the session's server for the scripts that can attach to one (a ``gpu`` block
-# has none: its script launches its own engine).
+# a repeated flag): one small rep, so the script's whole path runs in seconds.
 BENCH_SHORTEN: dict[str, tuple[str, ...]] = {
     "bench/collector.py": (
         *("--episodes", "8", "--concurrency", "4", "--max-tokens", "8", "--reps", "1"),
-        *("--no-progress", "--url", "{url}"),
+        "--no-progress",
     ),
     # Step 1 has nothing to overlap with and is dropped from the medians: two steps.
-    "bench/step.py": ("--steps", "2", "--rounds", "1", "--engine-url", "{url}", *SHORTEN[1:5]),
+    "bench/step.py": ("--steps", "2", "--rounds", "1", *SHORTEN[1:5]),
     "bench/fleet.py": ("--episodes", "8", "--concurrency", "4", "--max-tokens", "8", "--reps", "1"),
     # The tiny shape: on a GPU the script would build and train its 1.5B model.
     "bench/trainer_step.py": ("--size", "tiny", "--seq", "128", "--reps", "1", "--warmup", "0"),
     "bench/weight_sync.py": ("--reps", "1"),
 }
+# The flag that attaches a bench script to a running server: a ``short`` block's get the
+# session's (a ``gpu`` block has none: its script launches its own engine).
+BENCH_URL_FLAG = {"bench/collector.py": "--url", "bench/step.py": "--engine-url"}
 
 
 def ci_command() -> str:

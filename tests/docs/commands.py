@@ -146,11 +146,12 @@ def check_command(cmd: str) -> str:
     if words[:2] == ["bash", "scripts/test.sh"] or words[:2] == ["bash", "scripts/setup.sh"]:
         assert (ROOT / words[1]).exists(), f"{words[1]} does not exist"
         return f"{words[1]}: exists"
-    if bench_script(cmd):
-        text = script_help(words[1])
+    script = bench_script(cmd)
+    if script:
+        text = script_help(script)
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
-            assert flag in text, f"{words[1]}: no flag {flag} in its --help"
-        return f"{words[1]}: flags checked"
+            assert flag in text, f"{script}: no flag {flag} in its --help"
+        return f"{script}: flags checked"
     if words[:2] in (["mkdocs", "build"], [".venv/bin/mkdocs", "build"]):
         text = _tool_help(("mkdocs", "build"))
         for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):

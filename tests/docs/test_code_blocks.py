@@ -26,6 +26,7 @@ import pytest
 
 from tests.docs.blocks import (
     BENCH_SHORTEN,
+    BENCH_URL_FLAG,
     KNOWN,
     ROOT,
     SHORTEN,
@@ -67,16 +68,15 @@ def test_every_block_has_one_treatment():
             problems.append(f"{b.where}: 'file' marks a python block NAME.py or a text file")
         if b.marker and b.marker != "file" and b.lang in ("text", "yaml"):
             problems.append(f"{b.where}: a {b.lang} block is not code; drop the marker")
-        if b.marker in ("short", "gpu") and (
-            b.lang not in ("bash", "console")
-            or not any(_runs(c, "train") or bench_script(c) for c in commands(b))
+        cmds = commands(b) if b.lang in ("bash", "console") else []
+        if b.marker in ("short", "gpu") and not any(
+            _runs(c, "train") or bench_script(c) for c in cmds
         ):
             problems.append(f"{b.where}: '{b.marker}' marks a shell block that trains or benches")
-        shortened_cmds = commands(b) if b.marker in ("short", "gpu") else []
-        for script in filter(None, map(bench_script, shortened_cmds)):
-            if script not in BENCH_SHORTEN:
+        for script in filter(None, map(bench_script, cmds)):
+            if b.marker in ("short", "gpu") and script not in BENCH_SHORTEN:
                 problems.append(f"{b.where}: {script} has no BENCH_SHORTEN flags")
-        if b.marker == "nodes" and (b.lang != "bash" or len(commands(b)) != 1):
+        if b.marker == "nodes" and (b.lang != "bash" or len(cmds) != 1):
             problems.append(f"{b.where}: 'nodes' marks a bash block of one torchrun command")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
@@ -329,9 +329,8 @@ def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: st
     cmd = re.sub(r"(?<![\w/])(scripts|bench)/", rf"{ROOT}/\1/", cmd)
     if script:
         flags = list(BENCH_SHORTEN[script])
-        if "{url}" in flags:  # the flag before it names the URL
-            at = flags.index("{url}")
-            flags[at - 1 : at + 1] = [flags[at - 1], url] if url else []
+        if url and script in BENCH_URL_FLAG:
+            flags += [BENCH_URL_FLAG[script], url]
         return f"{cmd} {shlex.join(flags)}"
     if not trains:
         return cmd
