@@ -9,6 +9,15 @@ cd "$root"
 bash scripts/setup.sh
 DOCKER_HOST=$(bash scripts/dockerd.sh start)
 export DOCKER_HOST
+# Slurm and munge for tests/rl/test_slurm.py, which starts a two-node Slurm cluster to run
+# the scaling page's batch script (the daemons are started by the test, not by apt).
+if ! command -v slurmd >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
+  echo "[test] installing slurmctld, slurmd, slurm-client and munge (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends \
+    slurmctld slurmd slurm-client munge >/dev/null
+fi
 # One thread per process: the vLLM server, the trainer and the tests share two cores.
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 .venv/bin/ruff check .

@@ -9,7 +9,7 @@ an optional marker comment on the line before it:
   ``<!-- docs-test: file NAME -->`` writes the block to NAME there instead (a module a
   later block imports; also on a ``text`` block: a data file such as ``words.jsonl``);
   ``<!-- docs-test: docker -->`` runs it with the project's
-  dockerd. Every Python block runs: ``no-run`` on one is an error.
+  dockerd.
 - ``bash``/``console``: run, each command (``console``: the ``$`` lines, whose output
   lines must then appear in what the command prints, ``...`` skipping).
   ``<!-- docs-test: short -->`` runs a block of training or bench commands for real,
@@ -33,15 +33,19 @@ an optional marker comment on the line before it:
   tests/rl/test_two_nodes.py runs it on two network namespaces of this machine, shortened
   to 3 steps, with the flags that the scaling page's network notes give for hosts that
   share a hostname (``--rdzv-conf is_host=1`` on node 0, ``--local-addr``).
+  ``<!-- docs-test: slurm 2 -->`` marks the one Slurm batch script: tests/rl/test_slurm.py
+  submits it with ``sbatch --wait`` to a two-node Slurm cluster that it starts on two
+  network namespaces, each with its own host name, shortened to 3 steps.
   ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in
   them is the folder of a short training run made once a session (``docs_run`` in
   tests/docs/conftest.py), and they run in a scratch folder whose ``.venv`` is the
-  repository's (what they write stays out of the checkout). With
-  ``no-run REASON`` they are parsed instead: a ``vime-agent`` command (also as
+  repository's (what they write stays out of the checkout). A ``gpu N`` block is also
+  checked on every machine (tests/docs/commands.py): a ``vime-agent`` command (also as
   ``python -m vime.cli``, under ``torchrun``/``srun``, or as ``bash scripts/main.sh``)
   must name a real subcommand; ``train``'s ``key=value`` overrides must load with
-  ``load_config``; the other subcommands' keys and ``--flags`` must appear in their
-  ``--help``; ``python bench/X.py --flags`` must name flags of that script's ``--help``.
+  ``load_config`` and their layout must fit N GPUs; the other subcommands' keys and
+  ``--flags`` must appear in their ``--help``; ``python bench/X.py --flags`` must name
+  flags of that script's ``--help``.
 - ``yaml``: parsed (a config file shown on a page must be valid YAML).
 - ``text``: not code (file trees, output), unless marked ``file``. A block with no info string is an error:
   say ``text`` if it is not code. Diagrams are SVG files under docs/img/ (a ``mermaid``
@@ -61,8 +65,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
+# A marker comment; one that names no treatment here is an error (a typo would run nothing).
 MARKER = re.compile(
-    r"<!--\s*docs-test:\s*(?P<kind>file|docker|no-run|run-folder|short|gpu|serve|nodes)\s*(?P<arg>.*?)\s*-->"
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|run-folder|short|gpu|serve|nodes|slurm)\s*(?P<arg>.*?)\s*-->"
 )
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
@@ -117,8 +122,8 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve", "nodes", "no-run"
-    arg: str  # the marker's argument: the file name, the GPU count, the reason
+    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve", "nodes", "slurm"
+    arg: str  # the marker's argument: the file name, the GPU or node count
     code: str
 
     @property

@@ -1,4 +1,5 @@
-"""Checking a shell command from the docs without running it (``no-run`` blocks).
+"""Checking a shell command from the docs without running it (``gpu N`` blocks, on any
+machine).
 
 A ``vime-agent`` command is checked against the real command line: the subcommand must
 exist, ``train``'s overrides must load with ``load_config`` (so a renamed key or a bad
@@ -135,7 +136,7 @@ def _tool_help(args: tuple[str, ...]) -> str:
 
 
 def check_command(cmd: str) -> str:
-    """Check one no-run command; return how it was checked (for the test's report)."""
+    """Check one command without running it; return how it was checked (for the report)."""
     words = unwrap(shlex.split(cmd))
     args = vime_args(words)
     if args is not None:
@@ -160,6 +161,6 @@ def check_command(cmd: str) -> str:
     if words and words[0] == "pip" and "install" in words:
         return "pip install"
     raise AssertionError(
-        f"no way to check {cmd!r} without running it: run the block (drop no-run) "
+        f"no way to check {cmd!r} without running it: run the block "
         "or add a check to tests/docs/commands.py"
     )

@@ -3,9 +3,9 @@
 Python blocks run in a fresh interpreter per page, shell blocks run in the repository
 with the venv's commands on PATH, blocks marked ``run-folder`` run against a real
 finished run (``docs_run``, conftest.py), training blocks marked ``short`` run shortened
-against the session's vLLM server (``gpu N``: with their own engine, where N GPUs are),
-and blocks marked ``no-run`` (an install, a cluster) are parsed and checked against the
-real command line and config.
+against the session's vLLM server (``gpu N``: with their own engine, where N GPUs are,
+and checked against the real command line, config and placement on every machine). The
+multi-node blocks run in tests/rl (test_two_nodes.py, test_slurm.py).
 """
 
 from __future__ import annotations
@@ -58,10 +58,6 @@ def test_every_block_has_one_treatment():
             problems.append(f"{b.where}: a mermaid block; draw an SVG under docs/img/ instead")
         elif b.lang not in KNOWN:
             problems.append(f"{b.where}: info string {b.lang!r}; use one of {KNOWN}")
-        if b.marker == "no-run" and b.lang == "python":
-            problems.append(f"{b.where}: a python block runs (every one does); drop no-run")
-        if b.marker == "no-run" and not b.arg:
-            problems.append(f"{b.where}: no-run needs a reason")
         if b.marker == "file" and not (
             (b.lang == "python" and b.arg.endswith(".py")) or (b.lang == "text" and b.arg)
         ):
@@ -78,6 +74,12 @@ def test_every_block_has_one_treatment():
                 problems.append(f"{b.where}: {script} has no BENCH_SHORTEN flags")
         if b.marker == "nodes" and (b.lang != "bash" or len(cmds) != 1):
             problems.append(f"{b.where}: 'nodes' marks a bash block of one torchrun command")
+        if b.marker == "slurm" and not (
+            b.lang == "bash"
+            and b.code.startswith("#!/bin/bash\n#SBATCH ")
+            and [c.split()[0] for c in cmds] == ["srun"]
+        ):
+            problems.append(f"{b.where}: 'slurm' marks a batch script: #SBATCH lines, one srun")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
         if b.marker == "serve" and (
@@ -89,9 +91,24 @@ def test_every_block_has_one_treatment():
         ):
             problems.append(f"{b.where}: 'run-folder' marks a shell block that names RUN")
     assert not problems, "\n".join(problems)
-    # tests/rl/test_two_nodes.py runs the one multi-node block.
+    # tests/rl/test_two_nodes.py and test_slurm.py run the one block of each.
     assert [b.arg for b in BLOCKS if b.marker == "nodes"] == ["2"]
+    assert [b.arg for b in BLOCKS if b.marker == "slurm"] == ["2"]
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
+
+
+def test_every_marker_names_a_treatment():
+    """A ``docs-test:`` comment that no treatment knows (a typo, a retired one) is an
+    error: its block would silently get the default treatment or none."""
+    from tests.docs.blocks import DOCS, MARKER
+
+    unknown = [
+        f"{page.relative_to(ROOT)}:{n}: {line.strip()}"
+        for page in sorted(DOCS.rglob("*.md"))
+        for n, line in enumerate(page.read_text().splitlines(), 1)
+        if line.lstrip().startswith("<!--") and "docs-test:" in line and not MARKER.search(line)
+    ]
+    assert not unknown, "\n".join(unknown)
 
 
 def _scratch(page: str, tmp_path: Path, *, venv: bool = False) -> Path:
@@ -155,13 +172,43 @@ def test_python_blocks_run(page, tmp_path, request):
 SHELL = [b for b in BLOCKS if b.lang in ("bash", "console")]
 
 
-@pytest.mark.parametrize(
-    "block", [b for b in SHELL if b.marker in ("no-run", "gpu")], ids=lambda b: b.where
-)
-def test_no_run_and_gpu_shell_blocks_are_valid(block):
-    """Checked here whatever the machine: a ``gpu N`` block runs only where N GPUs are."""
+@pytest.mark.parametrize("block", [b for b in SHELL if b.marker == "gpu"], ids=lambda b: b.where)
+def test_gpu_shell_blocks_are_valid(block):
+    """Checked here whatever the machine (a ``gpu N`` block runs only where N GPUs are):
+    each command exists, and a training command's layout fits one node of N GPUs."""
     for cmd in commands(block):
         check_command(cmd)
+        if _runs(cmd, "train"):
+            words = shlex.split(cmd)
+            ranks = int(words[words.index("--nproc-per-node") + 1]) if "torchrun" in cmd else 1
+            _check_layout_fits(vime_args(words) or [], ranks=ranks, nodes=1, gpus=int(block.arg))
+
+
+def _check_layout_fits(args: list[str], *, ranks: int, nodes: int, gpus: int) -> None:
+    """``vime-agent train ARGS`` with ``ranks`` trainer ranks on each of ``nodes`` nodes
+    of ``gpus`` GPUs places its ranks and engines (a ConfigError names the key)."""
+    from vime.rl.config import load_config
+    from vime.rl.placement import Cluster, check_placement
+
+    cfg = load_config([a for a in args[1:] if "=" in a])
+    cluster = Cluster(world_size=ranks * nodes, local_world_size=ranks, cuda_devices=gpus)
+    check_placement(cfg.placement, cluster, external=len(cfg.placement.engine_urls))
+
+
+def test_the_scaling_pages_gpu_node_keys_load():
+    """docs/scaling.md's table of what changes on nodes of 8 GPUs: its vime keys load and
+    place 8 ranks per node on 8 GPUs, on two nodes (the Slurm script's)."""
+    table = {
+        cells[0]: cells[1:]
+        for line in (ROOT / "docs" / "scaling.md").read_text().splitlines()
+        if line.startswith("| ")
+        for cells in [[c.strip().strip("`") for c in line.strip("|").split("|")]]
+    }
+    assert table["torchrun's ranks per node"][1] == "--nproc-per-node 8"
+    assert "--gpus-per-node=8" in table["Slurm's allocation"][1]
+    keys = table["vime's keys"][1].split()
+    assert "engine=gpu" in keys, keys
+    _check_layout_fits(["train", *keys], ranks=8, nodes=2, gpus=8)
 
 
 def _run_shell(
@@ -417,7 +464,7 @@ def test_gpu_blocks_run(block, tmp_path, request):
         "rm -rf build",  # nothing vime can check: such a block must run
     ],
 )
-def test_the_no_run_check_rejects_what_does_not_exist(cmd):
+def test_the_command_check_rejects_what_does_not_exist(cmd):
     from vime.errors import ConfigError
 
     with pytest.raises((AssertionError, ConfigError)):
