@@ -17,6 +17,7 @@ import os
 from dataclasses import dataclass
 
 from vime.config import require, require_choice
+from vime.observability.lock_watch import LOCK_WATCH_S
 
 WANDB_MODES = ("false", "offline", "online")
 
@@ -71,13 +72,24 @@ class TraceConfig:
     weight sync) every step; ``vime-agent trace RUN step=N`` draws one as a PNG.
     ``vllm_profile_step`` N > 0 also records vLLM's own torch profiler trace of step N's
     rollouts into ``engine.profiler_dir`` (the engine must be launched with it).
+    ``lock_watch_s`` S > 0 prints every thread's stack to stderr, and then a warning, when
+    one call holds Python's interpreter lock for S seconds, which freezes the whole
+    process silently (:mod:`vime.observability.lock_watch`); 0 turns the watch off.
     """
 
     enabled: bool = False
     vllm_profile_step: int = 0
+    lock_watch_s: float = LOCK_WATCH_S
 
     def __post_init__(self) -> None:
         require(self.vllm_profile_step >= 0, "trace.vllm_profile_step", "must be >= 0 (0 = off)")
+        require(
+            self.lock_watch_s >= 0,
+            "trace.lock_watch_s",
+            f"={self.lock_watch_s} must be >= 0: the seconds one call may hold Python's "
+            "interpreter lock before every thread's stack is printed (default "
+            f"{LOCK_WATCH_S:g}; 0 turns the watch off)",
+        )
 
     def check_engine(self, profiler_dir: str, external: bool) -> None:
         """``vllm_profile_step`` needs engines that can profile: vime's own launched with

@@ -51,6 +51,7 @@ from vime.engine.config import EngineConfig
 from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
 from vime.errors import ConfigError, VimeError
+from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
 from vime.rl.config import TrainConfig
 from vime.rl.eval_report import (
     build_report,
@@ -380,7 +381,10 @@ def main(argv: list[str]) -> int:
     if ckpt.url:
         engine_cfg = dataclasses.replace(engine_cfg, url=ckpt.url)
     check_envs(suite)
-    with serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server:
+    with (
+        LockWatch(LOCK_WATCH_S),  # env calls run in this process: one may hold the GIL
+        serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server,
+    ):
         policy = PolicyClient.from_urls(server.url)
         meta = {
             "checkpoint": str(ckpt.weights or ckpt.url),

@@ -42,6 +42,7 @@ from vime.envs import TaskSource
 from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.templates import with_chat_template
 from vime.models.tiny import build_tiny_model
+from vime.observability.lock_watch import LockWatch
 from vime.observability.metrics import plot_curves
 from vime.observability.recorder import StepRecorder
 from vime.observability.trace import TRACE
@@ -106,6 +107,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(gc.unfreeze)  # frozen objects would be reported leaked at exit
+        cleanup.enter_context(LockWatch(cfg.trace.lock_watch_s))  # a call that holds the GIL
         group = _start_trainer(cfg, model_dir, ranks, cleanup, own_process=own_process)
         group.fleet = cleanup.enter_context(
             ranks.engine_fleet(
