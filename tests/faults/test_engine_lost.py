@@ -29,7 +29,7 @@ from _faults import (
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
-BATCH, SAMPLES, STEPS = 32, 8, 3
+BATCH, SAMPLES, STEPS = 16, 8, 3
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
@@ -100,7 +100,7 @@ def _check_recovered(run: Path, args: list[str], text: str) -> None:
 
 
 def test_engine_sigkilled_mid_rollout_is_restarted_and_the_step_retried(tmp_path):
-    # 64 episodes at a time, killed once 64 of step 2's have finished: those are kept,
+    # 64 episodes at a time, killed once 64 of step 2's 128 have finished: those are kept,
     # the rest (in flight or queued, some in groups half done) are played again.
     args = _args(tmp_path, "rollout.collector.concurrency=64")
     run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGKILL, finished=64)
@@ -109,10 +109,13 @@ def test_engine_sigkilled_mid_rollout_is_restarted_and_the_step_retried(tmp_path
 
 
 def test_hung_engine_times_out_and_the_step_is_retried(tmp_path):
-    # 2 s per request try: the frozen engine's requests time out, the episodes count as
+    # 10 s per request try: the frozen engine's requests time out, the episodes count as
     # lost to an unavailable engine, and the restart (SIGKILL after the SIGTERM grace)
-    # replaces it.
-    args = _args(tmp_path, "rollout.request_timeout_s=2")
+    # replaces it. All 128 requests of a step are in flight at once, so they time out
+    # together (in waves of a smaller concurrency, each wave waits its 4 tries). With 2 s
+    # and 256 in flight, a 2-core CI machine under load timed out healthy requests queued
+    # in vLLM, before and after the restart, and the run stopped; 128 take ~2-4 s there.
+    args = _args(tmp_path, "rollout.request_timeout_s=10")
     run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGSTOP)
     text = (tmp_path / "train.log").read_text()
     assert "APITimeoutError" in text
