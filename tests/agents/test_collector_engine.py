@@ -159,9 +159,11 @@ def test_non_append_only_template_is_detected_and_reported(vllm_server, tiny_mod
         "{%- if message['content'] %}{%- if loop.last %}{{- message['content'] }}{%- else %}"
         "{{- message['content'].split('</think>')[-1] }}{%- endif %}{%- endif %}",
     )
+    # No 'a' in the thought: the test env ends an episode whose text holds "answer", and an
+    # unseeded [a-z ] spelled it in 1 of 500 samples (an episode of one turn: a ~1% flake).
     think = SamplingParams(
         max_tokens=30,
-        extra_body={"structured_outputs": {"regex": r"<think>[a-z ]{1,8}</think>[0-9]"}},
+        extra_body={"structured_outputs": {"regex": r"<think>[b-z ]{1,8}</think>[0-9]"}},
     )
     kept, _ = collect(
         vllm_server.url,
