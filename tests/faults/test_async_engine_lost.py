@@ -42,7 +42,9 @@ def test_engine_sigkilled_during_the_overlapped_collection_is_restarted_and_retr
         f"steps={STEPS}",
         f"rollout.batch_size={BATCH}",
         f"rollout.collector.n_samples={SAMPLES}",
-        "rollout.collector.sampling.max_tokens=32",
+        # Long answers keep step 3's requests running while the test looks: at 32 tokens
+        # they ended 0.26 s after the pause began on a quiet machine; at 768, 3.8 s.
+        "rollout.collector.sampling.max_tokens=768",
         "rollout.filter_groups=false",  # the random model earns no reward: train anyway
         "model.warm_start_steps=0",
         "eval_every=0",
