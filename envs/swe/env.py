@@ -231,6 +231,16 @@ class SWEEnv(ToolEnv):
             # episode (and SWE-bench instance images are built once, here).
             self._task_pool = cached_task_file(self.config.tasks_path, self.config)
 
+    def preflight(self) -> None:
+        """Every SWE episode runs in a sandbox: Docker must answer on every host.
+
+        Example (skipped as a doctest: it needs a running dockerd):
+            >>> SWEEnv().preflight()  # doctest: +SKIP
+        """
+        from vime.sandbox.client import check_docker
+
+        check_docker(self.config.sandbox.hosts(), needed_by=self.env_id or "vime/SWE-v0")
+
     # -- sandboxes -------------------------------------------------------------------
 
     def _sandbox_config(self, task: SWETask) -> SandboxConfig:

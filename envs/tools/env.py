@@ -132,6 +132,19 @@ class ToolsEnv(ToolEnv):
         self._offered = [BUILTINS[name] for name in self.config.tools] + list(extra_tools)
         super().__init__(Toolset(self._offered))
 
+    def preflight(self) -> None:
+        """A workspace tool (python, read_file, ...) runs in a sandbox: Docker must answer.
+
+        Example (skipped as a doctest: it needs a running dockerd):
+            >>> ToolsEnv(tools=["python"]).preflight()  # doctest: +SKIP
+        """
+        sandboxed = [t.name for t in self._offered if t.takes_ctx]
+        if sandboxed:
+            from vime.sandbox.client import check_docker
+
+            who = f"{self.env_id or 'vime/Tools-v0'} (its tools {', '.join(sandboxed)})"
+            check_docker(self.config.sandbox.hosts(), needed_by=who)
+
     # -- episode ---------------------------------------------------------------------
 
     def _place_files(self, sandbox: Any) -> None:

@@ -14,7 +14,14 @@ from __future__ import annotations
 from vime.envs.answers import extract_boxed
 from vime.envs.base import Env
 from vime.envs.checker import CheckResult, check_env, run_checks
-from vime.envs.registration import EnvSpec, make, register, register_bundled, registry
+from vime.envs.registration import (
+    EnvSpec,
+    make,
+    preflight_env,
+    register,
+    register_bundled,
+    registry,
+)
 from vime.envs.spaces import ActionSpace, MessagesSpace, message_problem, messages_problem
 from vime.envs.tasks import TaskSource, TaskSourceConfig, load_tasks
 from vime.envs.toolkit import Tool, ToolContext, ToolEnv, ToolError, Toolset, tool
@@ -42,6 +49,7 @@ __all__ = [
     "make",
     "message_problem",
     "messages_problem",
+    "preflight_env",
     "register",
     "registry",
     "run_checks",

@@ -35,7 +35,7 @@ class Env(gymnasium.Env[list[Message], Action]):
     """Base class of every vime environment (a :class:`gymnasium.Env`).
 
     Subclasses implement :meth:`reset` and :meth:`step`; they may set :attr:`tools` and
-    override :meth:`episode_metrics` and :meth:`close`. Build environments with
+    override :meth:`episode_metrics`, :meth:`preflight` and :meth:`close`. Build environments with
     ``vime.make(id)``, which adds the turn limit, order enforcement, contract checks and
     error wrapping (any exception becomes an :class:`~vime.errors.EnvError` naming the
     env id and task id).
@@ -135,6 +135,19 @@ class Env(gymnasium.Env[list[Message], Action]):
             {}
         """
         return {}
+
+    def preflight(self) -> None:
+        """Check what the env needs from outside vime (a Docker daemon, a service) before a
+        run starts; raise :class:`~vime.errors.ConfigError` naming the setting and the fix.
+
+        ``vime-agent train`` and ``eval`` call it once, on a fresh instance, before any
+        engine starts: a missing service then stops the command in seconds instead of
+        failing episodes minutes later, or never (when no sampled turn happens to need
+        it). The default checks nothing.
+
+        Example:
+            >>> Env().preflight()
+        """
 
     def close(self) -> None:
         """Release resources (sandboxes, files). Safe to call more than once.

@@ -23,14 +23,14 @@ import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import gymnasium
 from gymnasium.envs.registration import parse_env_id
 
 from vime.envs.base import Env
 from vime.envs.wrappers import EpisodeGuard, wrap
-from vime.errors import EnvError
+from vime.errors import ConfigError, EnvError, VimeError
 
 
 @dataclass(frozen=True)
@@ -195,6 +195,32 @@ def make(id: str, **kwargs: Any) -> EpisodeGuard:
             gymnasium.spec(id), kwargs={**spec.defaults, **kwargs}, max_episode_steps=max_turns
         )
     return wrap(env, env_id=id, max_turns=max_turns)
+
+
+def preflight_env(id: str, kwargs: dict[str, Any] | None = None, *, key: str = "env.id") -> None:
+    """Make the env once, run its :meth:`~vime.envs.Env.preflight` check, and close it.
+
+    Called before a run starts, so that a wrong id or kwarg, or a service the env needs
+    and cannot reach, stops the command at once. Any failure becomes a
+    :class:`~vime.errors.ConfigError` (``key`` names the setting that chose this env); a
+    ``ConfigError`` from the check itself keeps its own key.
+
+    Example:
+        >>> preflight_env("vime/Math-v0", {"max_turns": 1})
+    """
+    env = None
+    try:
+        env = make(id, **(kwargs or {}))
+        cast(Env, env.unwrapped).preflight()  # make() checked that it is a vime Env
+    except ConfigError:
+        raise
+    except (VimeError, TypeError, ValueError) as err:
+        raise ConfigError(
+            f"{key}: env {id!r} with kwargs {dict(kwargs or {})} cannot be made: {err}", key=key
+        ) from err
+    finally:
+        if env is not None:
+            env.close()
 
 
 def _import_user_module(module_name: str, env_id: str) -> None:

@@ -50,7 +50,7 @@ from vime.config import apply_overrides
 from vime.engine.config import EngineConfig
 from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
-from vime.errors import ConfigError, VimeError
+from vime.errors import ConfigError
 from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
 from vime.rl.config import TrainConfig
 from vime.rl.eval_report import (
@@ -72,20 +72,21 @@ CLI_KEYS = ("ckpt", "suite", "out", "seed", "limit", "step", "tokenizer")
 
 
 def check_envs(suite: Suite) -> None:
-    """Make (and close) each set's env once, so a wrong id or kwarg fails before any
+    """Make each set's env once and run its preflight check (:func:`vime.envs.preflight_env`),
+    so a wrong id or kwarg, or a Docker daemon that does not answer, fails before any
     episode runs, naming the set.
 
     Example:
         >>> check_envs(load_suite("math"))
     """
     for s in suite.sets:
+        key = f"sets.{s.name}.env"
         try:
-            envs.make(s.env, **s.kwargs).close()
-        except (VimeError, TypeError, ValueError) as err:
+            envs.preflight_env(s.env, s.kwargs, key=key)
+        except ConfigError as err:
+            message = str(err).removeprefix(f"{key}: ")  # the set is named just before
             raise ConfigError(
-                f"suite {suite.source or suite.name}: set {s.name!r}: env {s.env!r} with "
-                f"kwargs {s.kwargs} cannot be made: {err}",
-                key=f"sets.{s.name}.env",
+                f"suite {suite.source or suite.name}: set {s.name!r}: {message}", key=err.key
             ) from err
 
 

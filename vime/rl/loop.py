@@ -38,7 +38,7 @@ from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet, asleep
-from vime.envs import TaskSource
+from vime.envs import TaskSource, preflight_env
 from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.templates import with_chat_template
 from vime.models.tiny import build_tiny_model
@@ -330,6 +330,9 @@ def _warn_cpu_reload_limits(model_dir: Path, cfg: TrainConfig) -> None:
 
 def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     """(Rank 0.) The run folder and the HF folder the policy starts from."""
+    # First: an env that cannot be made, or whose Docker daemon is down, stops the
+    # command before a run folder, a warm start or an engine exists.
+    preflight_env(cfg.env.id, cfg.env.kwargs, key="env.id")
     run = _open_run(cfg)
     model_dir = prepare_model(cfg, run)
     if cfg.model.chat_template:  # one folder: the collector, the evaluation and vLLM use it

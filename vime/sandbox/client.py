@@ -15,7 +15,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-from vime.errors import SandboxError
+from vime.errors import ConfigError, SandboxError
 
 # The project's dockerd speaks API 1.41 (Debian's docker.io 20.10); pinning avoids a
 # version round trip on every new client and fails clearly on an older daemon.
@@ -69,6 +69,36 @@ def docker_client(host: str | None = None):
                 )
             _clients[host] = client
         return client
+
+
+def check_docker(hosts: list[str], *, needed_by: str) -> None:
+    """Ping the Docker daemon at each of ``hosts``; raise :class:`ConfigError` (key
+    ``sandbox.docker_hosts``) naming the host and how to start one if any is silent.
+
+    ``needed_by`` says who needs it (``"vime/SWE-v0"``), for the message. Envs call it
+    from :meth:`~vime.envs.Env.preflight`, with ``SandboxConfig.hosts()``.
+
+    Example:
+        >>> try:
+        ...     check_docker(["unix:///nonexistent.sock"], needed_by="my/Env-v0")
+        ... except ConfigError as err:
+        ...     print(err.key)
+        sandbox.docker_hosts
+    """
+    for host in hosts:
+        try:
+            with docker_errors("pinging the daemon", host=host):
+                docker_client(host).ping()
+        except SandboxError as err:
+            cause = err.__cause__ or err
+            raise ConfigError(
+                f"sandbox.docker_hosts: {needed_by} runs code in Docker sandboxes, and no "
+                f"Docker daemon answers at {host} ({type(cause).__name__}: {cause}). Start "
+                "one with `bash scripts/dockerd.sh start` and export the DOCKER_HOST it "
+                "prints, or list reachable daemons in the env's sandbox.docker_hosts "
+                "(env.kwargs.sandbox.docker_hosts in a train config)",
+                key="sandbox.docker_hosts",
+            ) from err
 
 
 @contextlib.contextmanager
