@@ -4,6 +4,8 @@
 #
 #   bash scripts/setup.sh            # venv + packages + docker.io + dockerd + base image + tiny model
 #   VIME_SKIP_DOCKER=1 bash scripts/setup.sh   # Python side only
+#   VIME_PREINSTALLED=1 bash scripts/setup.sh  # use .venv as it is (a machine without PyPI:
+#                                              # scripts/device/wheels.sh venv makes it)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -12,14 +14,18 @@ venv="$root/.venv"
 say() { printf '\033[1m[setup]\033[0m %s\n' "$*"; }
 
 # 1. Python packages, reinstalled only when the packaging (pyproject.toml, setup.py) or
-#    this script changes.
-if [ ! -x "$venv/bin/python" ]; then
-  say "creating $venv"
-  "$py" -m venv "$venv"
-fi
-stamp="$venv/.vime-installed"
-want=$(cat pyproject.toml setup.py scripts/setup.sh | sha256sum | cut -c1-16)
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+#    this script changes; with VIME_PREINSTALLED=1, only checked.
+install_packages() {
+  if [ ! -x "$venv/bin/python" ]; then
+    say "creating $venv"
+    "$py" -m venv "$venv"
+  fi
+  local stamp="$venv/.vime-installed" want extra log
+  want=$(cat pyproject.toml setup.py scripts/setup.sh | sha256sum | cut -c1-16)
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+    say "Python packages up to date"
+    return
+  fi
   say "installing Python packages (first time: ~5 min)"
   extra=cpu
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then extra=gpu; fi
@@ -34,8 +40,18 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # `import transformers` next to the CPU torch, and text models never use them.
   "$venv/bin/pip" uninstall -q -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   echo "$want" > "$stamp"
+}
+
+if [ "${VIME_PREINSTALLED:-0}" = 1 ]; then
+  if ! "$venv/bin/python" -c "import vime.cli, vllm, megatron.core" 2>/dev/null; then
+    echo "setup: VIME_PREINSTALLED=1, but $venv/bin/python cannot import vime.cli, vllm" \
+      "and megatron.core. Make that venv first (on a machine without PyPI:" \
+      "bash scripts/device/wheels.sh venv), or unset VIME_PREINSTALLED to install from PyPI." >&2
+    exit 1
+  fi
+  say "using the preinstalled $venv (VIME_PREINSTALLED=1)"
 else
-  say "Python packages up to date"
+  install_packages
 fi
 
 # 2. Docker engine (Debian's docker.io), our own dockerd, and the offline base image.

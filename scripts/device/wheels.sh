@@ -8,6 +8,8 @@
 # There (the GPU machine; the repository root is the working directory):
 #   bash scripts/device/wheels.sh install             # keep the carried chunks, install complete sets
 #   export PYTHONPATH=/tmp/site:$PWD
+#   bash scripts/device/wheels.sh venv                # .venv for scripts/main.sh: the image's
+#                                                     # venv (or one on its Python) + vime -e
 #
 # Layout: .device/wheels/<set>/chunk-NN/ (ignored by git). chunk-00 of each set holds its
 # MANIFEST (sha256 and name of every wheel). A wheel over the chunk size is cut with
@@ -159,8 +161,28 @@ install() {
   return $status
 }
 
+venv() {
+  # scripts/setup.sh (VIME_PREINSTALLED=1) and main.sh run .venv/bin/*: point .venv at the
+  # image's own venv where there is one (its torch is the CUDA build the wheels expect),
+  # else make one that sees the image's packages; then install vime into it, offline.
+  local image=${VIME_IMAGE_VENV:-/opt/torch/.venv}
+  if [ -L "$root/.venv" ] || [ ! -e "$root/.venv" ]; then
+    if [ -x "$image/bin/python" ]; then
+      ln -sfn "$image" "$root/.venv"
+      say ".venv -> $image"
+    else
+      python3 -m venv --system-site-packages "$root/.venv"
+      say ".venv: a new venv over $(python3 -c 'import sys; print(sys.prefix)')"
+    fi
+  fi
+  PYTHONPATH="$site" "$root/.venv/bin/python" -m pip install -q --no-index --no-deps \
+    --no-build-isolation -e "$root"
+  say "vime installed in .venv; run with PYTHONPATH=$site VIME_PREINSTALLED=1"
+}
+
 case "${1:-}" in
   stage) shift; stage "$@" ;;
   install) install ;;
-  *) sed -n '2,13p' "$0"; exit 2 ;;
+  venv) venv ;;
+  *) sed -n '2,16p' "$0"; exit 2 ;;
 esac
