@@ -114,11 +114,17 @@ def test_off_and_a_negative_value():
     assert load_config(["trace.lock_watch_s=0"]).trace.lock_watch_s == 0.0
     with pytest.raises(ConfigError, match=r"trace.lock_watch_s: =-1.0 must be >= 0.*0 turns"):
         load_config(["trace.lock_watch_s=-1"])
+    from vime.rl.evaluate import main as eval_main
+
+    for value, says in (("-1", "must be >= 0"), ("soon", "expected seconds, got 'soon'")):
+        with pytest.raises(ConfigError, match=rf"trace.lock_watch_s: .*{says}"):
+            eval_main(["ckpt=runs/none", "suite=math", f"trace.lock_watch_s={value}"])
 
 
 # ---------------------------------------------------------------- in a training run
 
 HELD = threading.Event()  # the first step holds the GIL; the others answer at once
+EVAL_HELD = threading.Event()  # the same for the eval's env
 
 
 def hold_the_lock(seconds: int) -> None:
@@ -134,14 +140,21 @@ class LockHoldingEnv(Env):
         super().reset(seed=seed, options=options)
         return [{"role": "user", "content": "Say a word."}], {}
 
+    held = HELD
+
     def step(self, action: Action):
-        if not HELD.is_set():
-            HELD.set()
+        if not self.held.is_set():
+            self.held.set()
             hold_the_lock(2)
         return [], 1.0, True, False, {}
 
 
+class EvalLockHoldingEnv(LockHoldingEnv):
+    held = EVAL_HELD
+
+
 vime.register("test/LockHolding-v0", entry_point=LockHoldingEnv, max_turns=1)
+vime.register("test/EvalLockHolding-v0", entry_point=EvalLockHoldingEnv, max_turns=1)
 
 
 @pytest.mark.engine
@@ -177,3 +190,41 @@ def test_an_env_that_holds_the_gil_in_training_is_shown(shared_engine, tmp_path,
     # The env's hold (a busy 2-core machine may add one of its own past the 1 s watch).
     held = [int(re.search(r"ran Python for (\d+) s", w).group(1)) for w in warned]
     assert any(2 <= s < 10 for s in held), warned
+
+
+@pytest.mark.engine
+def test_an_env_that_holds_the_gil_in_eval_is_shown(vllm_server, tmp_path, capfd):
+    import json
+
+    from vime.rl.evaluate import main as eval_main
+
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text('{"id": "a"}\n{"id": "b"}\n')
+    suite = tmp_path / "held.yaml"
+    collector = {
+        "n_samples": 2,
+        "tool_parse_errors": "env",  # every turn reaches step()
+        "max_model_len": 512,
+        "sampling": {"max_tokens": 4},
+    }
+    suite.write_text(
+        json.dumps(
+            {
+                "name": "held",
+                "sets": [
+                    {
+                        "name": "held",
+                        "env": "test/EvalLockHolding-v0",
+                        "tasks": str(tasks),
+                        "collector": collector,
+                    }
+                ],
+            }
+        )
+    )
+    argv = [f"ckpt={vllm_server.url}", f"suite={suite}", f"out={tmp_path / 'out'}"]
+    assert eval_main([*argv, "trace.lock_watch_s=1"]) == 0
+    assert EVAL_HELD.is_set()
+    err = capfd.readouterr().err
+    dump = err.index("Timeout (0:00:01)!")
+    assert re.search(r"line \d+ in hold_the_lock\n.*line \d+ in step\n", err[dump:]), err[dump:]

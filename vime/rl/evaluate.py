@@ -13,7 +13,9 @@ your YAML file) and writes ``report.json`` (per-task rows and aggregates), ``rep
 
 Other keys: ``seed=N`` (every set's sampling seed), ``limit=N`` (the first N tasks of
 each set), ``out=DIR`` (default: ``<folder>/eval-<suite>``, ``<run>/eval/<suite>-step_N``,
-or ``eval-<suite>`` here for a URL).
+or ``eval-<suite>`` here for a URL), ``trace.lock_watch_s=S`` (as in training: every
+thread's stack is printed when one env call holds Python's interpreter lock for S
+seconds; default 120, 0 turns the watch off).
 
 ``vime-agent eval compare A B ... [out=DIR]`` puts reports (their folders or
 ``report.json``) side by side: ``compare.md``, ``compare.json``, ``compare.png`` with the
@@ -51,6 +53,7 @@ from vime.engine.config import EngineConfig
 from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
 from vime.errors import ConfigError
+from vime.observability.config import TraceConfig
 from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
 from vime.rl.config import TrainConfig
 from vime.rl.eval_report import (
@@ -65,7 +68,7 @@ from vime.rl.eval_report import (
 from vime.rl.eval_suites import BUNDLED_SUITES, EvalSet, Suite, load_suite, training_suite
 from vime.types import Episode
 
-CLI_KEYS = ("ckpt", "suite", "out", "seed", "limit", "step", "tokenizer")
+CLI_KEYS = ("ckpt", "suite", "out", "seed", "limit", "step", "tokenizer", "trace.lock_watch_s")
 
 
 # ---------------------------------------------------------------- running a suite
@@ -335,6 +338,25 @@ def _int(keys: dict[str, str], key: str) -> int | None:
         raise ConfigError(f"{key}: expected an integer, got {keys[key]!r}", key=key) from None
 
 
+def _lock_watch_s(keys: dict[str, str]) -> float:
+    """``trace.lock_watch_s=`` checked as training checks it (:class:`TraceConfig`).
+
+    Example:
+        >>> _lock_watch_s({"trace.lock_watch_s": "30"}), _lock_watch_s({})
+        (30.0, 120.0)
+    """
+    text = keys.get("trace.lock_watch_s")
+    if text is None:
+        return LOCK_WATCH_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"trace.lock_watch_s: expected seconds, got {text!r}", key="trace.lock_watch_s"
+        ) from None
+    return TraceConfig(lock_watch_s=value).lock_watch_s
+
+
 @dataclass
 class _Engine:
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
@@ -371,6 +393,7 @@ def main(argv: list[str]) -> int:
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
     keys, engine_args = _parse(argv)
+    watch_s = _lock_watch_s(keys)
     suite = load_suite(keys["suite"]).with_settings(seed=_int(keys, "seed"))
     if (limit := _int(keys, "limit")) is not None:
         suite = suite.with_settings(limit=limit)
@@ -383,7 +406,7 @@ def main(argv: list[str]) -> int:
         engine_cfg = dataclasses.replace(engine_cfg, url=ckpt.url)
     check_envs(suite)
     with (
-        LockWatch(LOCK_WATCH_S),  # env calls run in this process: one may hold the GIL
+        LockWatch(watch_s),  # env calls run in this process: one may hold the GIL
         serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server,
     ):
         policy = PolicyClient.from_urls(server.url)
