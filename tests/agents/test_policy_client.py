@@ -334,3 +334,62 @@ def test_requests_aborted_by_a_sync_ask_the_paused_server_once() -> None:
     outs = asyncio.run(run())
     assert all(o.token_ids == [7, 8, 9] for o in outs)  # every turn continued
     assert 1 <= asked[0] <= 4, asked[0]
+
+
+@pytest.mark.parametrize("health", ["silent", "answers"])
+def test_a_timed_out_request_is_retried_only_if_the_server_answers_its_health(health) -> None:
+    """A hung engine (a real local server whose handlers never return) costs one request
+    timeout and one health probe, not max_attempts timeouts; later requests to it, marked
+    down with nowhere to fail over, fail at once. A server that is slow but answers its
+    /health gets the retries as before."""
+    from aiohttp import web
+
+    posts = [0]
+
+    async def completions(request: web.Request) -> web.Response:
+        posts[0] += 1
+        if health == "silent" or posts[0] == 1:
+            await asyncio.sleep(3600)  # never answers (the test's loop ends first)
+        return web.json_response(completion([5]))
+
+    async def health_check(request: web.Request) -> web.Response:
+        if health == "silent":
+            await asyncio.sleep(3600)
+        return web.Response(text="")
+
+    async def run() -> tuple[list, list[float]]:
+        import time
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/health", health_check)
+        runner, url = await _serve(app)
+        client = PolicyClient.from_urls(
+            url, model="m", http_transport="direct", request_timeout_s=0.5, max_attempts=4,
+            backoff_initial_s=0.001, backoff_max_s=0.01,
+        )  # fmt: skip
+        results, seconds = [], []
+        try:
+            for session in ("a", "b"):
+                t0 = time.perf_counter()
+                try:
+                    results.append(await client.generate([1], SamplingParams(), session=session))
+                except EngineUnavailableError as err:
+                    results.append(err)
+                seconds.append(time.perf_counter() - t0)
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+        return results, seconds
+
+    results, seconds = asyncio.run(run())
+    if health == "answers":
+        assert [r.token_ids for r in results] == [[5], [5]]
+        assert posts[0] == 3  # the first request's timed-out try was retried
+        return
+    first, second = map(str, results)
+    assert "unreachable after 1 attempts (APITimeoutError" in first, first
+    assert posts[0] == 1, posts  # no retry went to the hung server, and no second request
+    assert seconds[0] < 1.5, seconds  # 0.5 s timeout + 0.5 s probe; 4 tries: > 2 s
+    assert "marked down, and its /health does not answer within 0.5 s" in second, second
+    assert seconds[1] < 0.2, seconds  # the probe's silence is shared: no second wait

@@ -16,7 +16,9 @@ here: the version at the request's start is recorded (the older one, so stalenes
 never under-estimated).
 
 Failures: connection errors, timeouts and 5xx responses are retried with exponential
-backoff (``max_attempts``); after that the server is marked down for ``down_s`` seconds
+backoff (``max_attempts``), except a timeout from a server whose ``/health`` does not
+answer either (a hung engine: each retry would wait ``request_timeout_s`` again); after
+that the server is marked down for ``down_s`` seconds
 (or until :meth:`PolicyClient.set_weight_version` is called for it: the loop does that
 once it has restarted the engine and reloaded the current weights). The session then
 fails over: it moves to the best other server not marked down and the same request is
@@ -25,7 +27,9 @@ when no other server is healthy (or the failover servers fail too) is
 :class:`EngineUnavailableError` raised; the collector then marks the episode aborted. A
 server that fails a request which already failed elsewhere is not marked down: a request
 that breaks every engine it reaches (a 5xx on a poison prompt) must not take the whole
-fleet out; its own sessions' failures mark it down if it is really gone. 4xx responses
+fleet out; its own sessions' failures mark it down if it is really gone. A request for
+a server marked down with nowhere to fail over to asks its ``/health`` first (one probe
+shared by all such requests) and raises at once if it is silent. 4xx responses
 are never retried: a prompt longer than the engine's context raises
 :class:`ContextLengthError` (the episode is *truncated*); any other raises
 :class:`~vime.errors.EngineError`.
@@ -60,6 +64,7 @@ import json
 import logging
 import re
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -143,6 +148,10 @@ class PolicyClientConfig:
         require(self.continue_aborted_s >= 0, "policy.continue_aborted_s", "must be >= 0")
 
 
+# Seconds a server gets to answer GET /health once a request to it timed out or it is
+# marked down; any HTTP answer counts (a server that is not vLLM may have no /health).
+HEALTH_PROBE_S = 10.0
+
 _CONTEXT_RE = re.compile(r"maximum context length|max_model_len|context length|too long", re.I)
 
 
@@ -194,8 +203,9 @@ class PolicyClient:
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
-        # url -> the /is_paused request in flight (or just answered) that callers share.
-        self._pause_probes: dict[str, tuple[asyncio.Future[bool], float]] = {}
+        # (what, url) -> the probe (/is_paused, /health) in flight or just answered, and
+        # when it was asked: callers share it.
+        self._probes: dict[tuple[str, str], tuple[asyncio.Future[bool], float]] = {}
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -397,6 +407,14 @@ class PolicyClient:
         # No await between picking the server and counting the tokens (in _send): the
         # next session routed sees this request's load.
         url = self._router.server_for(session)
+        if self._router.is_down(url) and not await self._answers(url):
+            # Down with nowhere better to go, and silent: each request would wait
+            # request_timeout_s (times max_attempts) for a hung engine. (The await breaks
+            # the no-await rule above only for a server that takes no new load.)
+            raise EngineUnavailableError(
+                f"{url}: marked down, and its /health does not answer within "
+                f"{self._health_timeout_s():g} s (the engine is hung or gone)"
+            )
         tried: list[str] = []
         while True:
             try:
@@ -453,19 +471,44 @@ class PolicyClient:
             self._router.remove_inflight(url, cost)
         return parse_completion(data, url, version, time.perf_counter() - start, tries[0])
 
+    async def _shared_probe(
+        self, what: str, url: str, ask: Callable[[str], Coroutine[Any, Any, bool]], fresh_s: float
+    ) -> bool:
+        """``ask(url)``, shared: callers get the probe in flight, or an answer asked less
+        than ``fresh_s`` seconds ago, so hundreds of requests cost the server one probe."""
+        loop = asyncio.get_running_loop()
+        probe, asked = self._probes.get((what, url), (None, 0.0))
+        fresh = probe is not None and (not probe.done() or time.monotonic() - asked < fresh_s)
+        if probe is None or not fresh or probe.get_loop() is not loop:
+            probe, asked = loop.create_task(ask(url)), time.monotonic()
+            self._probes[(what, url)] = (probe, asked)
+        return await asyncio.shield(probe)
+
     async def _is_paused(self, url: str) -> bool:
         """Whether ``url`` is paused (a weight sync in progress); False if it cannot say.
 
-        A sync aborts every request in flight at once and each one asks: callers share the
-        request in flight and an answer younger than 0.1 s, so the server, busy loading
-        the new weights, answers a few questions, not hundreds."""
-        loop = asyncio.get_running_loop()
-        probe, asked = self._pause_probes.get(url, (None, 0.0))
-        fresh = probe is not None and (not probe.done() or time.monotonic() - asked < 0.1)
-        if probe is None or not fresh or probe.get_loop() is not loop:
-            probe, asked = loop.create_task(self._ask_paused(url)), time.monotonic()
-            self._pause_probes[url] = (probe, asked)
-        return await asyncio.shield(probe)
+        A sync aborts every request in flight at once and each one asks; the server, busy
+        loading the new weights, answers a few questions, not hundreds."""
+        return await self._shared_probe("is_paused", url, self._ask_paused, 0.1)
+
+    async def _answers(self, url: str) -> bool:
+        """Whether ``url`` answers ``GET /health`` within :data:`HEALTH_PROBE_S` (any status)."""
+        # Fresh for as long as a silent probe takes, and 2 s after.
+        return await self._shared_probe(
+            "health", url, self._ask_health, self._health_timeout_s() + 2.0
+        )
+
+    def _health_timeout_s(self) -> float:
+        return min(HEALTH_PROBE_S, self.config.request_timeout_s)
+
+    async def _ask_health(self, url: str) -> bool:
+        timeout = aiohttp.ClientTimeout(total=self._health_timeout_s())
+        try:
+            async with self._aiohttp_session().get(f"{url}/health", timeout=timeout) as resp:
+                await resp.read()
+                return True
+        except (TimeoutError, aiohttp.ClientError):
+            return False
 
     async def _ask_paused(self, url: str) -> bool:
         try:
@@ -488,7 +531,9 @@ class PolicyClient:
             # The tenacity machinery costs client CPU; only a failed request pays for it.
             if not _retryable(first) or self.config.max_attempts < 2:
                 raise
-            if not _connection_dropped(first):
+            if not _connection_dropped(first):  # (the SDK may call a dropped one a timeout)
+                if isinstance(first, openai.APITimeoutError) and not await self._answers(url):
+                    raise  # hung: a retry would wait request_timeout_s again, for nothing
                 await asyncio.sleep(self.config.backoff_initial_s)
         async for attempt in self._retrying():
             with attempt:

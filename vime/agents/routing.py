@@ -154,6 +154,16 @@ class Router:
         self._down_until[url] = now + self.down_s
         return was_up
 
+    def is_down(self, url: str) -> bool:
+        """Whether ``url`` is marked down now.
+
+        Example:
+            >>> router = Router(["http://a:1"], down_s=30.0)
+            >>> router.mark_down("http://a:1") and router.is_down("http://a:1")
+            True
+        """
+        return self._down_until[url] > time.monotonic()
+
     def add_inflight(self, url: str, tokens: int) -> None:
         """Count a request sent to ``url`` and its ``tokens`` (prompt + ``max_tokens``) in flight.
 
