@@ -168,7 +168,8 @@ class RolloutConfig:
     normalize_std: bool = True
     engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
     max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
-    request_timeout_s: float = 600.0  # per request try to the engine (a hung engine)
+    # per request try to the engine; a timed-out try is retried only if /health answers
+    request_timeout_s: float = 600.0
     partial_rollouts: bool = True  # a sync aborts in-flight requests, which then continue
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(
