@@ -37,7 +37,6 @@ from tests.docs.blocks import (
     console_expectations,
 )
 from tests.docs.commands import bench_script, check_command, vime_args
-from tests.shared_server import give_back_tiny_weights
 
 BLOCKS = all_blocks()
 PAGES = sorted({b.page for b in BLOCKS})
@@ -430,12 +429,9 @@ SHORT = [b for b in SHELL if b.marker == "short"]
 @pytest.mark.slow
 @pytest.mark.docker  # env=tools leases sandboxes
 @pytest.mark.parametrize("block", SHORT, ids=lambda b: b.where)
-def test_short_blocks_run(block, vllm_server, tiny_model_dir, docker_host, tmp_path, request):
+def test_short_blocks_run(block, shared_engine, docker_host, tmp_path, request):
     """Each training command runs one short step against the session's server."""
-    try:
-        _run_training_block(block, tmp_path, request, vllm_server.url)
-    finally:
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
+    _run_training_block(block, tmp_path, request, shared_engine.url)
 
 
 @pytest.mark.gpu

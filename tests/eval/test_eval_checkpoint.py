@@ -25,7 +25,6 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tests.shared_server import give_back_tiny_weights
 from vime.rl.eval_suites import load_suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
@@ -59,7 +58,7 @@ def _run(args: list[str], log: Path, pythonpath: Path) -> None:
     assert done.returncode == 0, log.read_text()[-3000:]
 
 
-def test_training_evals_and_eval_of_a_run_step(vllm_server, tiny_model_dir, tmp_path):
+def test_training_evals_and_eval_of_a_run_step(shared_engine, tiny_model_dir, tmp_path):
     (tmp_path / "parity_env.py").write_text(PARITY_ENV)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
@@ -68,14 +67,11 @@ def test_training_evals_and_eval_of_a_run_step(vllm_server, tiny_model_dir, tmp_
     train = [
         sys.executable, "-m", "vime.cli", "train",
         "env.id=parity_env:evaltest/Parity-v0", f"env.tasks.path={tasks}", f"env.eval_tasks={tasks}",
-        "env.eval_size=2", f"engine.url={vllm_server.url}", f"run_root={tmp_path / 'runs'}",
+        "env.eval_size=2", f"engine.url={shared_engine.url}", f"run_root={tmp_path / 'runs'}",
         "model.warm_start_steps=0", "rollout.batch_size=2", "rollout.collector.n_samples=4",
         "rollout.filter_groups=false", "steps=1", "eval_every=1", "plot=false",
     ]  # fmt: skip
-    try:
-        _run(train, tmp_path / "train.log", tmp_path)
-    finally:  # the shared engine goes back to the tiny model's weights
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
+    _run(train, tmp_path / "train.log", tmp_path)
     (run,) = (tmp_path / "runs").iterdir()
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]

@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 from _faults import check_buffer, rows, run_folder, start_train, tail
 
-from tests.shared_server import give_back_tiny_weights
 from vime.buffer import DataBuffer
 from vime.errors import DiskFullError
 from vime.observability.metrics import MetricsLog
@@ -115,7 +114,7 @@ def test_disk_full_error_finds_enospc_under_a_library_error():
 @pytest.mark.slow
 @pytest.mark.engine
 def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed(
-    vllm_server, tiny_model_dir, tmp_path
+    shared_engine, tmp_path
 ):
     # Per step the run keeps a ~10.6 MB checkpoint and one ~3.5 MB weight export (two
     # while a sync writes the next). 30 MiB holds steps 1 and 2; step 3's checkpoint
@@ -124,7 +123,7 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
     root.mkdir()
     _mount(root, "30m")
     args = [
-        f"engine.url={vllm_server.url}",
+        f"engine.url={shared_engine.url}",
         "steps=4",
         "save_every=1",
         "rollout.batch_size=4",
@@ -170,5 +169,4 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
         state = json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())
         assert state["step"] == 4
     finally:
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
         subprocess.run(["umount", "-l", str(root)], check=False)

@@ -31,7 +31,6 @@ from _faults import (
     wait_for,
 )
 
-from tests.shared_server import give_back_tiny_weights
 from vime.engine.server import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -53,9 +52,7 @@ def _torchrun(tmp_path: Path, args: list[str], log_name: str) -> subprocess.Pope
     return proc
 
 
-def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(
-    vllm_server, tiny_model_dir, tmp_path
-):
+def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(shared_engine, tmp_path):
     args = [
         "placement.tp=2",
         "placement.engines_per_node=1",
@@ -99,7 +96,7 @@ def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(
     assert not port_in_use("127.0.0.1", port)
     check_buffer(run, last, args)  # the interrupted step was not buffered
 
-    attached = [f"engine.url={vllm_server.url}", "placement.engines_per_node=0"]
+    attached = [f"engine.url={shared_engine.url}", "placement.engines_per_node=0"]
     resumed = [args[0], *attached, f"steps={last + 1}", *args[3:], f"resume={run}"]
     again = _torchrun(tmp_path, resumed, "resume.log")
     try:
@@ -108,7 +105,6 @@ def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(
         if again.poll() is None:
             os.killpg(again.pid, signal.SIGKILL)
             again.wait()
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
     assert f"resumed from {folder} (step {last})" in (tmp_path / "resume.log").read_text()
     assert [r["step"] for r in rows(run)] == list(range(1, last + 2))
     assert rows(run)[-1]["weight_version"] == last + 1

@@ -37,7 +37,6 @@ from _faults import (
     wait_log,
 )
 
-from tests.shared_server import give_back_tiny_weights
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient
 
@@ -78,43 +77,38 @@ def _state(run: Path) -> tuple[list[int], list[str], list[int]]:
     return DataBuffer(run, readonly=True).steps(), checkpoints, [r["step"] for r in rows(run)]
 
 
-def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(
-    vllm_server, tiny_model_dir, tmp_path
-):
-    args = _args(vllm_server.url, tmp_path)
-    try:
-        # 1. Mid-rollout of step 2: step 1 done, the engine generating step 2's requests.
-        log = tmp_path / "train.log"
-        proc = start_train(tmp_path, args)
-        run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 240)
-        wait_for("step 2's requests", lambda: requests_running(_port(vllm_server.url)) > 0, 60)
-        left = kill_group(proc)
-        assert still_running(left) == [], tail(log)
-        assert _state(run) == ([1], ["step_000001"], [1])  # step 2 never acknowledged
-        resume = [*args, f"resume={run}"]
+def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(shared_engine, tmp_path):
+    args = _args(shared_engine.url, tmp_path)
+    # 1. Mid-rollout of step 2: step 1 done, the engine generating step 2's requests.
+    log = tmp_path / "train.log"
+    proc = start_train(tmp_path, args)
+    run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 240)
+    wait_for("step 2's requests", lambda: requests_running(_port(shared_engine.url)) > 0, 60)
+    left = kill_group(proc)
+    assert still_running(left) == [], tail(log)
+    assert _state(run) == ([1], ["step_000001"], [1])  # step 2 never acknowledged
+    resume = [*args, f"resume={run}"]
 
-        # 2. Mid-train of step 2: collected and buffered (fsync'd), not trained.
-        _killed_at(tmp_path, resume, "resume1", "train:2")
-        assert _state(run) == ([1, 2], ["step_000001"], [1])
+    # 2. Mid-train of step 2: collected and buffered (fsync'd), not trained.
+    _killed_at(tmp_path, resume, "resume1", "train:2")
+    assert _state(run) == ([1, 2], ["step_000001"], [1])
 
-        # 3. Mid-sync of step 3: step 2 replayed from the buffer and checkpointed, step 3
-        # trained and exported as a .partial folder the engine never saw.
-        _killed_at(tmp_path, resume, "resume2", "sync:3")
-        assert _state(run) == ([1, 2, 3], ["step_000001", "step_000002"], [1, 2])
-        assert sorted(p.name for p in (run / "weights").iterdir()) == ["v000002", "v000003.partial"]
+    # 3. Mid-sync of step 3: step 2 replayed from the buffer and checkpointed, step 3
+    # trained and exported as a .partial folder the engine never saw.
+    _killed_at(tmp_path, resume, "resume2", "sync:3")
+    assert _state(run) == ([1, 2, 3], ["step_000001", "step_000002"], [1, 2])
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v000002", "v000003.partial"]
 
-        # 4. Mid-checkpoint of step 4: the trainer state written, the checkpoint partial.
-        _killed_at(tmp_path, resume, "resume3", "checkpoint:4")
-        ckpts = ["step_000001", "step_000002", "step_000003", "step_000004.partial"]
-        assert _state(run) == ([1, 2, 3, 4], ckpts, [1, 2, 3])
-        assert (run / "checkpoints" / "step_000004.partial" / "trainer" / "common.pt").exists()
+    # 4. Mid-checkpoint of step 4: the trainer state written, the checkpoint partial.
+    _killed_at(tmp_path, resume, "resume3", "checkpoint:4")
+    ckpts = ["step_000001", "step_000002", "step_000003", "step_000004.partial"]
+    assert _state(run) == ([1, 2, 3, 4], ckpts, [1, 2, 3])
+    assert (run / "checkpoints" / "step_000004.partial" / "trainer" / "common.pt").exists()
 
-        # The last resume runs to the end.
-        proc = start_train(tmp_path, resume, "resume4.log")
-        assert proc.wait(timeout=300) == 0, tail(tmp_path / "resume4.log")
-        version = EngineClient(vllm_server.url).get_weight_version()
-    finally:
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
+    # The last resume runs to the end.
+    proc = start_train(tmp_path, resume, "resume4.log")
+    assert proc.wait(timeout=300) == 0, tail(tmp_path / "resume4.log")
+    version = EngineClient(shared_engine.url).get_weight_version()
 
     _check_like_uninterrupted(run, args, tmp_path)
     assert version == str(STEPS)  # the engine serves the last step's weights

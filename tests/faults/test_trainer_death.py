@@ -30,8 +30,6 @@ from _faults import (
     wait_log,
 )
 
-from tests.shared_server import give_back_tiny_weights
-
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 STEPS = 4
@@ -50,9 +48,9 @@ def _trainer_pid(driver: int) -> int:
     return wait_for("the trainer process", find, 60)
 
 
-def test_trainer_process_killed_then_resumed_loses_nothing(vllm_server, tiny_model_dir, tmp_path):
+def test_trainer_process_killed_then_resumed_loses_nothing(shared_engine, tmp_path):
     args = [
-        f"engine.url={vllm_server.url}",
+        f"engine.url={shared_engine.url}",
         "rollout.mode=async",
         f"steps={STEPS}",
         "save_every=1",
@@ -100,7 +98,6 @@ def test_trainer_process_killed_then_resumed_loses_nothing(vllm_server, tiny_mod
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-        give_back_tiny_weights(vllm_server.url, tiny_model_dir)
 
     done = rows(run)
     assert [r["step"] for r in done] == list(range(1, STEPS + 1))  # each step once
