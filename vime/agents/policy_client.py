@@ -64,7 +64,6 @@ import json
 import logging
 import re
 import time
-from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -82,6 +81,7 @@ from vime.agents.completion import (
     sync_landed,
 )
 from vime.agents.routing import Router
+from vime.agents.server_probes import HEALTH_PROBE_S, ServerProbes
 from vime.config import require, require_choice
 from vime.errors import EngineError
 from vime.types import SamplingParams
@@ -148,10 +148,6 @@ class PolicyClientConfig:
         require(self.continue_aborted_s >= 0, "policy.continue_aborted_s", "must be >= 0")
 
 
-# Seconds a server gets to answer GET /health once a request to it timed out or it is
-# marked down; any HTTP answer counts (a server that is not vLLM may have no /health).
-HEALTH_PROBE_S = 10.0
-
 _CONTEXT_RE = re.compile(r"maximum context length|max_model_len|context length|too long", re.I)
 
 
@@ -203,9 +199,10 @@ class PolicyClient:
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
-        # (what, url) -> the probe (/is_paused, /health) in flight or just answered, and
-        # when it was asked: callers share it.
-        self._probes: dict[tuple[str, str], tuple[asyncio.Future[bool], float]] = {}
+        self._probes = ServerProbes(
+            self._aiohttp_session,
+            health_timeout_s=min(HEALTH_PROBE_S, config.request_timeout_s),
+        )
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -393,7 +390,7 @@ class PolicyClient:
             if left <= 0 or not await sync_landed(
                 partial(self._router.weight_version, last.server),
                 last.weight_version,
-                partial(self._is_paused, last.server),
+                partial(self._probes.is_paused, last.server),
                 timeout_s=wait,
             ):
                 break
@@ -407,13 +404,13 @@ class PolicyClient:
         # No await between picking the server and counting the tokens (in _send): the
         # next session routed sees this request's load.
         url = self._router.server_for(session)
-        if self._router.is_down(url) and not await self._answers(url):
+        if self._router.is_down(url) and not await self._probes.answers(url):
             # Down with nowhere better to go, and silent: each request would wait
             # request_timeout_s (times max_attempts) for a hung engine. (The await breaks
             # the no-await rule above only for a server that takes no new load.)
             raise EngineUnavailableError(
                 f"{url}: marked down, and its /health does not answer within "
-                f"{self._health_timeout_s():g} s (the engine is hung or gone)"
+                f"{self._probes.health_timeout_s:g} s (the engine is hung or gone)"
             )
         tried: list[str] = []
         while True:
@@ -471,52 +468,6 @@ class PolicyClient:
             self._router.remove_inflight(url, cost)
         return parse_completion(data, url, version, time.perf_counter() - start, tries[0])
 
-    async def _shared_probe(
-        self, what: str, url: str, ask: Callable[[str], Coroutine[Any, Any, bool]], fresh_s: float
-    ) -> bool:
-        """``ask(url)``, shared: callers get the probe in flight, or an answer asked less
-        than ``fresh_s`` seconds ago, so hundreds of requests cost the server one probe."""
-        loop = asyncio.get_running_loop()
-        probe, asked = self._probes.get((what, url), (None, 0.0))
-        fresh = probe is not None and (not probe.done() or time.monotonic() - asked < fresh_s)
-        if probe is None or not fresh or probe.get_loop() is not loop:
-            probe, asked = loop.create_task(ask(url)), time.monotonic()
-            self._probes[(what, url)] = (probe, asked)
-        return await asyncio.shield(probe)
-
-    async def _is_paused(self, url: str) -> bool:
-        """Whether ``url`` is paused (a weight sync in progress); False if it cannot say.
-
-        A sync aborts every request in flight at once and each one asks; the server, busy
-        loading the new weights, answers a few questions, not hundreds."""
-        return await self._shared_probe("is_paused", url, self._ask_paused, 0.1)
-
-    async def _answers(self, url: str) -> bool:
-        """Whether ``url`` answers ``GET /health`` within :data:`HEALTH_PROBE_S` (any status)."""
-        # Fresh for as long as a silent probe takes, and 2 s after.
-        return await self._shared_probe(
-            "health", url, self._ask_health, self._health_timeout_s() + 2.0
-        )
-
-    def _health_timeout_s(self) -> float:
-        return min(HEALTH_PROBE_S, self.config.request_timeout_s)
-
-    async def _ask_health(self, url: str) -> bool:
-        timeout = aiohttp.ClientTimeout(total=self._health_timeout_s())
-        try:
-            async with self._aiohttp_session().get(f"{url}/health", timeout=timeout) as resp:
-                await resp.read()
-                return True
-        except (TimeoutError, aiohttp.ClientError):
-            return False
-
-    async def _ask_paused(self, url: str) -> bool:
-        try:
-            async with self._aiohttp_session().get(f"{url}/is_paused") as resp:
-                return bool((await resp.json()).get("is_paused"))
-        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
-            return False
-
     def _mark_down(self, url: str) -> None:
         if self._router.mark_down(url):  # warn once per outage, not per failed request
             log.warning("policy server %s unavailable; avoided for %.0f s", url, self.config.down_s)
@@ -532,7 +483,9 @@ class PolicyClient:
             if not _retryable(first) or self.config.max_attempts < 2:
                 raise
             if not _connection_dropped(first):  # (the SDK may call a dropped one a timeout)
-                if isinstance(first, openai.APITimeoutError) and not await self._answers(url):
+                if isinstance(first, openai.APITimeoutError) and not await self._probes.answers(
+                    url
+                ):
                     raise  # hung: a retry would wait request_timeout_s again, for nothing
                 await asyncio.sleep(self.config.backoff_initial_s)
         async for attempt in self._retrying():

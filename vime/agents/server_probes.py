@@ -1,0 +1,81 @@
+"""Questions about a policy server's state (paused? alive?) that many requests share.
+
+A weight sync aborts every request in flight at once, and a hung engine times out all of
+them at once; each then asks the server something. :class:`ServerProbes` sends one
+probe per server and question and hands its answer to every caller, so hundreds of
+requests cost the server one request.
+
+Example (skipped as a doctest: it needs a running server):
+    >>> probes = ServerProbes(session_factory, health_timeout_s=10.0)  # doctest: +SKIP
+    >>> await probes.answers("http://127.0.0.1:8000")  # doctest: +SKIP
+    True
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import aiohttp
+
+# Seconds a server gets to answer GET /health once a request to it timed out or it is
+# marked down; any HTTP answer counts (a server that is not vLLM may have no /health).
+HEALTH_PROBE_S = 10.0
+
+
+class ServerProbes:
+    """Shared ``/is_paused`` and ``/health`` probes, sent with ``session()``'s pool.
+
+    Example:
+        >>> ServerProbes(lambda: None, health_timeout_s=3.0).health_timeout_s
+        3.0
+    """
+
+    def __init__(
+        self, session: Callable[[], aiohttp.ClientSession], *, health_timeout_s: float
+    ) -> None:
+        self._session = session
+        self.health_timeout_s = health_timeout_s
+        # (what, url) -> the probe in flight or just answered, and when it was asked.
+        self._probes: dict[tuple[str, str], tuple[asyncio.Future[bool], float]] = {}
+
+    async def is_paused(self, url: str) -> bool:
+        """Whether ``url`` is paused (a weight sync in progress); False if it cannot say.
+        An answer younger than 0.1 s is shared (the server is busy loading weights)."""
+        return await self._shared("is_paused", url, self._ask_paused, 0.1)
+
+    async def answers(self, url: str) -> bool:
+        """Whether ``url`` answers ``GET /health`` within ``health_timeout_s`` (any status)."""
+        # Fresh for as long as a silent probe takes, and 2 s after.
+        return await self._shared("health", url, self._ask_health, self.health_timeout_s + 2.0)
+
+    async def _shared(
+        self, what: str, url: str, ask: Callable[[str], Coroutine[Any, Any, bool]], fresh_s: float
+    ) -> bool:
+        """``ask(url)``, shared: callers get the probe in flight, or an answer asked less
+        than ``fresh_s`` seconds ago."""
+        loop = asyncio.get_running_loop()
+        probe, asked = self._probes.get((what, url), (None, 0.0))
+        fresh = probe is not None and (not probe.done() or time.monotonic() - asked < fresh_s)
+        if probe is None or not fresh or probe.get_loop() is not loop:
+            probe, asked = loop.create_task(ask(url)), time.monotonic()
+            self._probes[(what, url)] = (probe, asked)
+        return await asyncio.shield(probe)
+
+    async def _ask_health(self, url: str) -> bool:
+        timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
+        try:
+            async with self._session().get(f"{url}/health", timeout=timeout) as resp:
+                await resp.read()
+                return True
+        except (TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def _ask_paused(self, url: str) -> bool:
+        try:
+            async with self._session().get(f"{url}/is_paused") as resp:
+                return bool((await resp.json()).get("is_paused"))
+        except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
+            return False
