@@ -126,13 +126,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         metrics_log = cleanup.enter_context(StepRecorder(run.root, cfg, fleet.urls))
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
-        engines, policy, sync = _engine_clients(cfg, fleet, group, run)
+        engines, policy, sync = _engine_clients(cfg, fleet, group, run, start, external)
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
-        if start > 0 or external:
-            # A resumed run, or engines vime did not launch, may not serve the policy's
-            # current weights: push them before the first rollout.
-            sync.sync(version)
         collector = Collector(policy, model_dir, cfg.rollout.collector)
         cleanup.callback(collector.close)
         runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
@@ -342,11 +338,18 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
 
 
 def _engine_clients(
-    cfg: TrainConfig, fleet: EngineFleet, group: TrainerGroup, run: RunDir
+    cfg: TrainConfig,
+    fleet: EngineFleet,
+    group: TrainerGroup,
+    run: RunDir,
+    start: int,
+    external: list[str],
 ) -> tuple[list[EngineClient], PolicyClient, DiskWeightSync]:
     """(Rank 0.) A client per engine, the policy client over the fleet, the weight sync.
 
-    The sync tells the policy client which version each engine serves (one place).
+    The sync tells the policy client which version each engine serves (one place). A
+    resumed run (``start`` > 0), or engines vime did not launch (``external``), may not
+    serve the policy's current weights: they are pushed here, before the first rollout.
     """
     engines = [EngineClient(url) for url in fleet.urls]
     policy = PolicyClient.from_urls(*fleet.urls)
@@ -360,6 +363,8 @@ def _engine_clients(
         restart_dead=group.restart_dead_engines,
         pause_mode="abort" if cfg.rollout.partial_rollouts else "keep",
     )
+    if start > 0 or external:
+        sync.sync(start)
     return engines, policy, sync
 
 
