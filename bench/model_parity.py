@@ -151,7 +151,7 @@ def rl_steps(
     ``server``: the engine's weight version after each step, and each step's mean
     |trainer − vLLM| log-prob of the tokens it trained on (after a sync: the engine's
     reloaded weights are the trainer's)."""
-    from vime.rl.config import load_config
+    from vime.conf.compose import load_config
     from vime.rl.loop import train
 
     cfg = load_config(

@@ -34,10 +34,10 @@ import tempfile
 import threading
 import time
 
+from vime.conf.compose import load_config
 from vime.engine import EngineConfig, VLLMServer
-from vime.rl.config import load_config
 from vime.rl.loop import prepare_model, train
-from vime.rl.run_dir import RunDir
+from vime.runs.folder import RunDir
 
 KEYS = ("time/rollout_s", "time/train_s", "time/sync_s", "time/step_s")
 # The sync's own split (disk sync: the export, then the engine's pause, reload and reset).

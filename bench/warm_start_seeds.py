@@ -29,8 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from vime.conf.compose import load_config
 from vime.models.tiny import build_tiny_model
-from vime.rl.config import load_config
 from vime.rl.warm_start import REPORT, child_command, child_environment
 
 

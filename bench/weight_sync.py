@@ -8,7 +8,7 @@ One run, one model (a Qwen2.5-1.5B-shaped checkpoint with random weights, bf16, 
 
 For each transport, alternately:
 
-- **vime**: :meth:`vime.rl.gpu_sync.GpuWeightSync.sync`: gather the HF tensors from the
+- **vime**: :meth:`vime.sync.gpu.GpuWeightSync.sync`: gather the HF tensors from the
   Megatron model (bf16), pause, start, transfer, finish, cache reset, version, resume;
 - **raw**: vLLM's own calls on a plain dict holding the same tensors (the same bytes):
   ``/start_weight_update``, ``trainer_send_weights`` (packed) with ``/update_weights``,
@@ -79,8 +79,8 @@ def build_trainer(folder: Path) -> Any:
     """vime's trainer on GPU 0 (bf16), one rank, wrapped as the loop sees it."""
     import warnings
 
-    from vime.rl.placement import Cluster, Layout
-    from vime.rl.ranks import Ranks, TrainerGroup
+    from vime.placement.config import Cluster, Layout
+    from vime.placement.ranks import Ranks, TrainerGroup
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.parallel import init_distributed
     from vime.trainer.step import Trainer, TrainerConfig
@@ -94,7 +94,7 @@ def build_trainer(folder: Path) -> Any:
 
 def raw_sync(backend: str, client: Any, tensors: dict[str, Any], nccl: Any, bucket: int) -> float:
     """vLLM's calls alone on a plain tensor dict; returns seconds."""
-    from vime.rl import gpu_sync
+    from vime.sync import gpu as gpu_sync
 
     t0 = time.perf_counter()
     client.start_weight_update()
@@ -120,7 +120,7 @@ def measure(backend: str, group: Any, server: Any, reps: int, buckets: list[int]
     import torch
 
     from vime.engine import EngineClient
-    from vime.rl.gpu_sync import GpuWeightSync, hf_gpu_state
+    from vime.sync.gpu import GpuWeightSync, hf_gpu_state
 
     client = EngineClient(server.url, timeout_s=600)
     sync = GpuWeightSync(group, [client], "unused", backend=backend, dtype="bfloat16")

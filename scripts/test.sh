@@ -9,7 +9,7 @@ cd "$root"
 bash scripts/setup.sh
 DOCKER_HOST=$(bash scripts/dockerd.sh start)
 export DOCKER_HOST
-# Slurm and munge for tests/rl/test_slurm.py, which starts a two-node Slurm cluster to run
+# Slurm and munge for tests/placement/test_slurm.py, which starts a two-node Slurm cluster to run
 # the scaling page's batch script (the daemons are started by the test, not by apt).
 if ! command -v slurmd >/dev/null 2>&1 || ! command -v munged >/dev/null 2>&1; then
   echo "[test] installing slurmctld, slurmd, slurm-client and munge (apt)"

@@ -25,12 +25,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "run RL training: vime-agent train env=math|tools|swe [key=value ...]",
     ),
     "eval": (
-        "vime.rl.evaluate:main",
+        "vime.eval.evaluate:main",
         "evaluate a checkpoint on a suite: vime-agent eval ckpt=CKPT|RUN|URL suite=math|FILE.yaml "
         "(eval compare A B ...: reports side by side)",
     ),
     "export": (
-        "vime.rl.export:main",
+        "vime.runs.export:main",
         "a run's checkpoint as an HF folder: vime-agent export RUN [step=N] --out DIR",
     ),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
@@ -42,7 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "check-env": ("vime.envs.cli:check_main", "run the env checker on a registered env id"),
     "sandbox": ("vime.sandbox.cli:main", "sandbox images and cleanup (build-base, gc)"),
     "show": (
-        "vime.observability.show:main",
+        "vime.runs.show:main",
         "an episode as the model saw it: vime-agent show RUN [step=N] [episode=K] [logprobs=true]",
     ),
     "replay": (
@@ -50,10 +50,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "re-run a step's training on its saved batch: vime-agent replay RUN step=N",
     ),
     "trace": (
-        "vime.observability.timeline:main",
+        "vime.runs.timeline:main",
         "draw a step's timeline: vime-agent trace RUN step=N",
     ),
-    "page": ("vime.observability.run_page:main", "write the run's HTML page: vime-agent page RUN"),
+    "page": ("vime.runs.page:main", "write the run's HTML page: vime-agent page RUN"),
     "own-agent": ("vime.agents.own_agent_cli:main", "run your agent: policy=URL tasks=F -- CMD"),
 }
 

@@ -1,6 +1,6 @@
 """The config reference page (docs/configs.md), generated from the typed dataclasses.
 
-Every key of ``vime-agent train`` is a field of :class:`vime.rl.config.TrainConfig` or of
+Every key of ``vime-agent train`` is a field of :class:`vime.conf.train.TrainConfig` or of
 a component dataclass below it. This module walks them and writes one table per node:
 key, type, default (for ``env=math model=tiny``, what ``load_config([])`` gives) and the
 field's description, taken from the code itself: the comment on the field's line (or the
@@ -14,7 +14,7 @@ tests/docs/test_config_ref.py checks the same, so the reference cannot drift.
     python docs/hooks/config_ref.py --check  # exit 1 when docs/configs.md is stale
 
 Example:
-    >>> from vime.rl.config import EnvConfig
+    >>> from vime.conf.train import EnvConfig
     >>> rows = field_rows(EnvConfig, "env", EnvConfig())
     >>> rows[0][:3]
     ('env.id', 'str', "'vime/Math-v0'")
@@ -148,7 +148,7 @@ def _nodes(value: Any, prefix: str = "") -> list[tuple[str, Any]]:
 
 def render() -> str:
     """The generated part of docs/configs.md: one table per config node."""
-    from vime.rl.config import load_config
+    from vime.conf.compose import load_config
 
     out = [BEGIN, ""]
     for prefix, value in _nodes(load_config([])):

@@ -20,10 +20,10 @@ from _agent_envs import ADD_TOOL
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.completion import parse_completion
 from vime.agents.turn_samples import sample_spans
+from vime.conf.compose import load_config
 from vime.envs import Env
 from vime.models.templates import load_chat_template, with_chat_template
 from vime.rl.advantages import make_samples
-from vime.rl.config import load_config
 from vime.types import Action, EpisodeStatus, SamplingParams
 
 pytestmark = pytest.mark.engine

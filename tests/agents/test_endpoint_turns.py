@@ -31,10 +31,10 @@ from test_chat_templates import (
 from vime.agents import Collector, CollectorConfig
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
 from vime.agents.own_agent_cli import OwnAgentRun
+from vime.conf.compose import load_config
 from vime.config import apply_overrides
 from vime.errors import ConfigError
 from vime.rl.advantages import make_samples
-from vime.rl.config import load_config
 from vime.types import Action, Episode, EpisodeStatus, SamplingParams
 
 TASK = {"id": "add"}

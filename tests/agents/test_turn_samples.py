@@ -8,11 +8,11 @@ import pytest
 from vime.agents import CollectorConfig
 from vime.agents.chat_tokens import ChatTokens
 from vime.agents.turn_samples import TurnChatTokens, sample_spans, turn_samples
+from vime.conf.compose import load_config
 from vime.errors import ConfigError, TemplateError
 from vime.models.templates import BUNDLED, load_chat_template, with_chat_template
 from vime.models.tiny import IM_END_ID
 from vime.rl.advantages import make_samples
-from vime.rl.config import load_config
 from vime.types import Episode
 
 OPENING = [{"role": "user", "content": "What is 1+2?"}]

@@ -30,10 +30,10 @@ an optional marker comment on the line before it:
   every server gets SIGTERM and must stop cleanly (exit 0).
   ``<!-- docs-test: nodes 2 -->`` marks the one multi-node torchrun block: the same command
   on every node, with ``N``, ``NODE0_ADDR`` and ``RUN_ID`` in its environment.
-  tests/rl/test_two_nodes.py runs it on two network namespaces of this machine, shortened
+  tests/placement/test_two_nodes.py runs it on two network namespaces of this machine, shortened
   to 3 steps, with the flags that the scaling page's network notes give for hosts that
   share a hostname (``--rdzv-conf is_host=1`` on node 0, ``--local-addr``).
-  ``<!-- docs-test: slurm 2 -->`` marks the one Slurm batch script: tests/rl/test_slurm.py
+  ``<!-- docs-test: slurm 2 -->`` marks the one Slurm batch script: tests/placement/test_slurm.py
   submits it with ``sbatch --wait`` to a two-node Slurm cluster that it starts on two
   network namespaces, each with its own host name, shortened to 3 steps.
   ``<!-- docs-test: run-folder -->`` runs them against a real finished run: ``RUN`` in

@@ -86,7 +86,7 @@ def help_text(*args: str) -> str:
 def check_vime(args: list[str]) -> None:
     """Raise AssertionError naming what in ``vime-agent ARGS`` does not exist."""
     from vime.cli import COMMANDS
-    from vime.rl.config import load_config
+    from vime.conf.compose import load_config
 
     assert args, "a bare vime-agent"
     sub, rest = args[0], args[1:]

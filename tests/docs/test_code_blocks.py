@@ -90,7 +90,7 @@ def test_every_block_has_one_treatment():
         ):
             problems.append(f"{b.where}: 'run-folder' marks a shell block that names RUN")
     assert not problems, "\n".join(problems)
-    # tests/rl/test_two_nodes.py and test_slurm.py run the one block of each.
+    # tests/placement/test_two_nodes.py and test_slurm.py run the one block of each.
     assert [b.arg for b in BLOCKS if b.marker == "nodes"] == ["2"]
     assert [b.arg for b in BLOCKS if b.marker == "slurm"] == ["2"]
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
@@ -186,8 +186,8 @@ def test_gpu_shell_blocks_are_valid(block):
 def _check_layout_fits(args: list[str], *, ranks: int, nodes: int, gpus: int) -> None:
     """``vime-agent train ARGS`` with ``ranks`` trainer ranks on each of ``nodes`` nodes
     of ``gpus`` GPUs places its ranks and engines (a ConfigError names the key)."""
-    from vime.rl.config import load_config
-    from vime.rl.placement import Cluster, check_placement
+    from vime.conf.compose import load_config
+    from vime.placement.config import Cluster, check_placement
 
     cfg = load_config([a for a in args[1:] if "=" in a])
     cluster = Cluster(world_size=ranks * nodes, local_world_size=ranks, cuda_devices=gpus)

@@ -32,8 +32,8 @@ def test_committed_page_is_current():
 
 
 def test_every_key_is_on_the_page():
+    from vime.conf.compose import load_config
     from vime.config import field_names
-    from vime.rl.config import load_config
 
     cfg = load_config([])
     page = (ROOT / "docs" / "configs.md").read_text()
@@ -47,7 +47,7 @@ def test_every_key_is_on_the_page():
 
 
 def test_every_key_has_a_description():
-    from vime.rl.config import load_config
+    from vime.conf.compose import load_config
 
     ref = _hook("config_ref")
     blank = {

@@ -25,7 +25,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from vime.rl.eval_suites import load_suite
+from vime.eval.suites import load_suite
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ real envs, real Docker sandboxes.
   the same episodes, token for token; ``eval compare`` of the two shows no difference.
 - A crashed env and a sandbox killed (through the Docker SDK) while its episode runs are
   rows with their reasons, and the suite still completes.
-- The RL loop's :func:`~vime.rl.evaluate.evaluate` writes the same report and metrics.
+- The RL loop's :func:`~vime.rl.eval_step.evaluate` writes the same report and metrics.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ import pytest
 
 import vime
 from vime.agents import PolicyClient
+from vime.conf.compose import load_config
 from vime.envs import Env
-from vime.rl.config import load_config
-from vime.rl.eval_suites import load_suite
-from vime.rl.evaluate import evaluate, main
+from vime.eval.evaluate import main
+from vime.eval.suites import load_suite
+from vime.rl.eval_step import evaluate
 from vime.rl.tasks import eval_tasks
 from vime.types import Action
 

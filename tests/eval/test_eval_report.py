@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from vime.rl.eval_report import (
+from vime.eval.evaluate import compare_main
+from vime.eval.report import (
     aggregate,
     build_report,
     compare_reports,
@@ -16,7 +17,6 @@ from vime.rl.eval_report import (
     task_rows,
     write_report,
 )
-from vime.rl.evaluate import compare_main
 from vime.types import Episode, EpisodeStatus
 
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from vime.errors import ConfigError
-from vime.rl.eval_suites import BUNDLED_SUITES, load_suite, parse_suite
-from vime.rl.evaluate import check_envs, main, resolve_checkpoint
+from vime.eval.evaluate import check_envs, main, resolve_checkpoint
+from vime.eval.suites import BUNDLED_SUITES, load_suite, parse_suite
 from vime.suites.math.data import arithmetic_suite
 from vime.suites.swe.tasks import SWETask, load_bundled
 from vime.suites.swe.tests.test_swe_tasks import _grade, _write

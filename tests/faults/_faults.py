@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from vime.buffer import DataBuffer
+from vime.conf.compose import load_config
 from vime.envs import TaskSource
-from vime.rl.config import load_config
 from vime.rl.tasks import train_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,7 +29,7 @@ def start_train(
 ) -> subprocess.Popen:
     """``python -m vime.cli train ARGS`` in its own process group (its pid is the group's:
     :func:`kill_group`), output to ``tmp_path/log_name``; ``env`` adds variables (e.g.
-    ``VIME_TEST_PAUSE_AT="sync:3"``, the hook of :func:`vime.rl.run_dir.pause_point`)."""
+    ``VIME_TEST_PAUSE_AT="sync:3"``, the hook of :func:`vime.runs.folder.pause_point`)."""
     log = (tmp_path / log_name).open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vime.cli", "train", *args],

@@ -22,7 +22,7 @@ from _faults import check_buffer, rows, run_folder, start_train, tail
 from vime.buffer import DataBuffer
 from vime.errors import DiskFullError
 from vime.observability.metrics import MetricsLog
-from vime.rl.run_dir import RunDir
+from vime.runs.folder import RunDir
 from vime.types import Episode
 
 

@@ -23,11 +23,11 @@ import pytest
 import vime
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.buffer import DataBuffer
+from vime.conf.compose import load_config
 from vime.envs import Env, TaskSource
 from vime.errors import EngineError, RolloutError
-from vime.rl.config import load_config
 from vime.rl.rollouts import Rollouts
-from vime.rl.weight_sync import DiskWeightSync
+from vime.sync.disk import DiskWeightSync
 from vime.types import Action, Episode, EpisodeStatus, SamplingParams
 
 pytestmark = pytest.mark.engine

@@ -39,7 +39,7 @@ CHILD = textwrap.dedent(
     import asyncio, gc, json, sys, time
     from vime.agents import Collector, CollectorConfig, PolicyClient
     from vime.envs import TaskSource
-    from vime.rl.config import load_config
+    from vime.conf.compose import load_config
     from vime.rl.tasks import train_tasks
     from vime.types import SamplingParams
 

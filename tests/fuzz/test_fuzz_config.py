@@ -11,10 +11,11 @@ from _fuzz import fuzz, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from vime.conf.compose import load_config
+from vime.conf.train import TrainConfig
 from vime.config import apply_overrides, field_names
 from vime.engine.config import EngineConfig
 from vime.errors import ConfigError
-from vime.rl.config import TrainConfig, load_config
 
 TRAIN_KEYS = field_names(TrainConfig())
 ENGINE_KEYS = field_names(EngineConfig())

@@ -21,7 +21,7 @@ from vime.envs.tasks import TaskSource, load_tasks, read_records
 from vime.errors import DataError
 from vime.suites.math.data import load_math_jsonl
 from vime.suites.swe.env import load_task_file
-from vime.suites.swe.tasks import load_swebench
+from vime.suites.swe.swebench import load_swebench
 from vime.suites.tools.tasks import load_tasks as load_tools_tasks
 
 

@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 
 import vime
+from vime.conf.compose import load_config
 from vime.envs import Env
 from vime.errors import ConfigError
 from vime.observability.lock_watch import LockWatch
-from vime.rl.config import load_config
 from vime.types import Action
 
 HOLD = textwrap.dedent(
@@ -114,7 +114,7 @@ def test_off_and_a_negative_value():
     assert load_config(["trace.lock_watch_s=0"]).trace.lock_watch_s == 0.0
     with pytest.raises(ConfigError, match=r"trace.lock_watch_s: =-1.0 must be >= 0.*0 turns"):
         load_config(["trace.lock_watch_s=-1"])
-    from vime.rl.evaluate import main as eval_main
+    from vime.eval.evaluate import main as eval_main
 
     for value, says in (("-1", "must be >= 0"), ("soon", "expected seconds, got 'soon'")):
         with pytest.raises(ConfigError, match=rf"trace.lock_watch_s: .*{says}"):
@@ -196,7 +196,7 @@ def test_an_env_that_holds_the_gil_in_training_is_shown(shared_engine, tmp_path,
 def test_an_env_that_holds_the_gil_in_eval_is_shown(vllm_server, tmp_path, capfd):
     import json
 
-    from vime.rl.evaluate import main as eval_main
+    from vime.eval.evaluate import main as eval_main
 
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text('{"id": "a"}\n{"id": "b"}\n')

@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from vime.conf.compose import load_config
 from vime.errors import ConfigError
 from vime.observability.trace import EPISODE_LANE_BASE, Tracer
-from vime.rl.config import load_config
 
 
 def test_wandb_online_without_a_key_fails_at_start_naming_both(monkeypatch):

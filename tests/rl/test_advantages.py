@@ -11,6 +11,8 @@ import pytest
 import torch
 
 from vime.buffer import DataBuffer
+from vime.conf.compose import load_config
+from vime.conf.train import RolloutConfig, TrainConfig
 from vime.envs import TaskSource
 from vime.errors import ConfigError
 from vime.rl.advantages import (
@@ -22,7 +24,6 @@ from vime.rl.advantages import (
     reinforce_pp_baseline,
     rloo,
 )
-from vime.rl.config import RolloutConfig, TrainConfig, load_config
 from vime.rl.rollouts import Rollouts
 from vime.trainer.losses import LossConfig, aggregate, denominator, policy_loss
 from vime.trainer.reference import ReferenceConfig
@@ -42,6 +43,13 @@ def test_grpo_by_hand():
     assert grpo(R, G, normalize_std=False) == pytest.approx(
         [2 / 3, -1 / 3, -1 / 3, 1 / 3, 1 / 3, -2 / 3]
     )
+    adv = grpo([1.0, 0.0, 0.0, 0.0, 2.0], ["a", "a", "a", "a", "b"])
+    std = math.sqrt(3 / 16)  # rewards 1,0,0,0: mean 1/4, population variance 3/16
+    assert adv[:4] == pytest.approx(
+        [0.75 / (std + 1e-6), -0.25 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 2
+    )
+    assert adv[4] == 0.0  # a group of one has no baseline to compare with
+    assert grpo([3.0, 1.0], ["g", "g"], normalize_std=False) == [1.0, -1.0]
 
 
 def test_rloo_by_hand():

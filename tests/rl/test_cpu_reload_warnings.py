@@ -9,8 +9,8 @@ import logging
 
 import pytest
 
+from vime.conf.compose import load_config
 from vime.engine.server import is_vllm_cpu
-from vime.rl.config import load_config
 from vime.rl.loop import _warn_cpu_reload_limits
 
 pytestmark = pytest.mark.skipif(not is_vllm_cpu(), reason="the warnings are vllm-cpu's")

@@ -7,9 +7,10 @@ import math
 
 import pytest
 
+from vime.conf.compose import load_config
+from vime.conf.train import RolloutConfig, TrainConfig
 from vime.errors import ConfigError
 from vime.rl.advantages import gae, make_samples
-from vime.rl.config import RolloutConfig, TrainConfig, load_config
 from vime.types import Episode
 
 # prompt, prompt, a1, a2, tool, tool, a3, a4: the model's turn, a tool's output, its turn.

@@ -14,9 +14,9 @@ import json
 import pytest
 
 from vime.buffer import DataBuffer
-from vime.rl.config import load_config
+from vime.conf.compose import load_config
 from vime.rl.loop import train
-from vime.rl.run_dir import RunDir, read_state
+from vime.runs.folder import RunDir, read_state
 
 pytestmark = [pytest.mark.engine]
 

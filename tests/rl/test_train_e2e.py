@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from vime.buffer import DataBuffer
+from vime.conf.compose import load_config
 from vime.envs import TaskSource
-from vime.rl.config import load_config
 from vime.rl.loop import train
 from vime.rl.tasks import builtin_tasks
 

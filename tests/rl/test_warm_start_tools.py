@@ -15,11 +15,11 @@ from transformers import AutoTokenizer
 import vime.envs as envs
 from vime.agents.chat_tokens import ChatTokens
 from vime.agents.tool_parsers import parse_tool_calls
+from vime.conf.compose import load_config
 from vime.errors import DataError
-from vime.rl.config import load_config
 from vime.rl.loop import prepare_model
-from vime.rl.run_dir import RunDir
 from vime.rl.warm_start import demonstration_sample
+from vime.runs.folder import RunDir
 from vime.suites.tools.demonstrations import demonstration
 from vime.suites.tools.tasks import calculator_tasks
 

@@ -46,7 +46,7 @@ def test_leases_reuse_wiped_sandboxes_grow_to_the_limit_and_report_figures(
         assert got and got[0].sandbox.id == second.sandbox.id
         got[0].close()
         again.close()
-        figures = step_figures([], 0, {})  # what the RL loop's recorder adds to a step
+        figures = step_figures([], 0, {}, [take_figures])  # what the loop's recorder adds
         assert figures["sandbox/acquires"] == 4.0 and figures["sandbox/failures"] == 0.0
         assert figures["sandbox/execs"] == 2.0 and figures["sandbox/exec_s"] > 0
         assert figures[f"sandbox/leases/{host_label(docker_host)}"] == 4.0

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from _trainer_models import make_hf_checkpoint
 
-from vime.rl.config import load_config
+from vime.conf.compose import load_config
 from vime.rl.loop import train
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from vime.errors import ConfigError
-from vime.trainer.losses import LossConfig, aggregate, denominator, grpo_advantages, policy_loss
+from vime.trainer.losses import LossConfig, aggregate, denominator, policy_loss
 
 E = math.exp
 
@@ -20,16 +20,6 @@ def total_loss(logp, old, rollout, adv, mask, cfg, **kw):
 
 def t(rows):
     return torch.tensor(rows, dtype=torch.float64)
-
-
-def test_grpo_advantages_by_hand():
-    adv = grpo_advantages([1.0, 0.0, 0.0, 0.0, 2.0], ["a", "a", "a", "a", "b"])
-    std = math.sqrt(3 / 16)  # rewards 1,0,0,0: mean 1/4, population variance 3/16
-    assert adv[:4] == pytest.approx(
-        [0.75 / (std + 1e-6), -0.25 / (std + 1e-6)] + [-0.25 / (std + 1e-6)] * 2
-    )
-    assert adv[4] == 0.0  # a group of one has no baseline to compare with
-    assert grpo_advantages([3.0, 1.0], ["g", "g"], normalize_std=False) == [1.0, -1.0]
 
 
 def test_ppo_clip_asymmetric_by_hand():

@@ -143,7 +143,7 @@ class EngineClient:
         data = self._json(self._request("POST", "/reset_prefix_cache", params=params))
         return True if data is None else bool(data.get("success", True))
 
-    # ---- weight transfer (NCCL / IPC; see vime.rl.gpu_sync) ----------------------------
+    # ---- weight transfer (NCCL / IPC; see vime.sync.gpu) ----------------------------
 
     def get_world_size(self) -> int:
         """The engine's worker count (TP × PP × DP): its ranks in an NCCL transfer group."""

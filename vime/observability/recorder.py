@@ -2,16 +2,14 @@
 
 :class:`StepRecorder` puts together the step's extra figures
 (:func:`~vime.observability.step_metrics.step_figures`), the metric sinks
-(:class:`~vime.observability.sinks.RunMetrics`: JSONL, TensorBoard, W&B, the run page)
+(:class:`~vime.observability.sinks.RunMetrics`: JSONL, TensorBoard, W&B)
 and the timelines (:class:`~vime.observability.step_trace.StepTrace`).
 
 Example:
     >>> import tempfile
     >>> from vime.observability.config import MetricsConfig, TraceConfig
     >>> run = Path(tempfile.mkdtemp())
-    >>> from types import SimpleNamespace
-    >>> cfg = SimpleNamespace(metrics=MetricsConfig(page=False), trace=TraceConfig(enabled=True))
-    >>> with StepRecorder(run, cfg) as rec:
+    >>> with StepRecorder(run, MetricsConfig(page=False), TraceConfig(enabled=True)) as rec:
     ...     t0 = rec.begin(1)
     ...     rec.write(1, {"reward/mean": 1.0}, episodes=[], version=0)
     >>> sorted(p.name for p in (run / "traces").iterdir())
@@ -21,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,16 +36,17 @@ class StepRecorder:
     def __init__(
         self,
         run_dir: str | Path,
-        config: Any,
+        metrics: MetricsConfig,
+        trace: TraceConfig,
         engine_urls: list[str] | None = None,
+        sources: Sequence[Callable[[], dict[str, float]]] = (),
     ) -> None:
-        """``config``: the run's config (its ``metrics`` and ``trace``: a
-        :class:`MetricsConfig` and a :class:`TraceConfig`); ``engine_urls``: the engines
-        whose profiler ``trace.vllm_profile_step`` runs."""
-        metrics: MetricsConfig = config.metrics
-        trace: TraceConfig = config.trace
+        """``engine_urls``: the engines whose profiler ``trace.vllm_profile_step`` runs;
+        ``sources``: calls returning (and resetting) more figures each step, from rooms
+        observability does not import (``vime.sandbox.leases.take_figures``)."""
         self.sinks = RunMetrics(run_dir, metrics)
         self.tracing = StepTrace(run_dir, trace, engine_urls or [])
+        self.sources = list(sources)
 
     def begin(self, step: int) -> float:
         """Start of ``step`` (vLLM's profiler starts on ``trace.vllm_profile_step``);
@@ -64,7 +64,7 @@ class StepRecorder:
         """Record ``step``'s metrics ``row`` plus the figures of its ``episodes`` (trained
         at weight ``version``) everywhere, then close the step's trace."""
         if episodes is not None:
-            row.update(step_figures(episodes, version, row))
+            row.update(step_figures(episodes, version, row, self.sources))
         self.sinks.write(step, row)
         if episodes is not None:
             self.tracing.end(step)
@@ -73,13 +73,13 @@ class StepRecorder:
         """Every step's metrics so far."""
         return self.sinks.read()
 
-    def close(self, write_page: bool = True) -> None:
-        """Stop tracing; close the sinks (which rewrites the run page, if ``write_page``)."""
+    def close(self) -> None:
+        """Stop tracing; close the sinks."""
         self.tracing.close()
-        self.sinks.close(write_page)
+        self.sinks.close()
 
     def __enter__(self) -> StepRecorder:
         return self
 
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        self.close(write_page=exc_type is None)  # an error or Ctrl-C: no page, exit at once
+    def __exit__(self, *exc: object) -> None:
+        self.close()

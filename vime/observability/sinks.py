@@ -64,22 +64,14 @@ class RunMetrics:
         """Every step written so far (from the JSONL)."""
         return self.jsonl.read()
 
-    def close(self, write_page: bool = True) -> None:
-        """Flush and close the sinks; rewrite the run page (``metrics.page``) unless
-        ``write_page`` is false (a run stopped by an error or Ctrl-C ends at once)."""
+    def close(self) -> None:
+        """Flush and close the sinks."""
         if self._tb is not None:
             self._tb.close()
             self._tb = None
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
-        if self.config.page and write_page:
-            from vime.observability.run_page import write_run_page
-
-            try:
-                write_run_page(self.run_dir)
-            except Exception as err:  # the page must never cost the run its end
-                log.warning("run page not written: %s", err)
 
 
 def _wandb_run(run_dir: Path, config: MetricsConfig, name: str) -> Any:

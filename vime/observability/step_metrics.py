@@ -15,7 +15,8 @@
 - ``spans/<kind>/n`` and ``spans/<kind>/s``: how many spans of each kind
   (:data:`~vime.observability.trace.KINDS`: sandbox execs, env steps, engine requests,
   ...) ran since the last step, and their seconds;
-- whatever each of :data:`STEP_SOURCES` returns (``sandbox/*`` from vime.sandbox.leases).
+- whatever each of the caller's ``sources`` returns (the loop passes ``sandbox/*`` from
+  vime.sandbox.leases).
 
 The train/rollout mismatch (``train/train_rollout_logprob_abs_diff``, ``train/tis_clip_frac``)
 and the time split (``time/*``) come from the trainer and the loop.
@@ -32,16 +33,13 @@ Example:
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.observability.trace import TRACE
 from vime.types import Episode
 
 STATUSES = ("completed", "truncated", "aborted", "error")
-# More per-step figures from lower layers, each a call returning (and resetting) its
-# counts since the last step: e.g. vime.sandbox.leases.take_figures (sandbox/*).
-STEP_SOURCES: list[Callable[[], dict[str, float]]] = []
 
 
 def env_name(env_id: str) -> str:
@@ -54,9 +52,15 @@ def env_name(env_id: str) -> str:
     return env_id.split("/")[-1].split(":")[-1].rsplit("-v", 1)[0] or "env"
 
 
-def step_figures(episodes: list[Episode], version: int, row: dict[str, Any]) -> dict[str, float]:
+def step_figures(
+    episodes: list[Episode],
+    version: int,
+    row: dict[str, Any],
+    sources: Sequence[Callable[[], dict[str, float]]] = (),
+) -> dict[str, float]:
     """The figures of the module docstring for one step's ``episodes`` (sampled by
-    weights up to ``version``) and its metrics ``row`` so far."""
+    weights up to ``version``) and its metrics ``row`` so far, plus each of ``sources``'
+    figures (a call returning, and resetting, its counts since the last step)."""
     out: dict[str, float] = {}
     by_env: dict[str, list[Episode]] = defaultdict(list)
     for ep in episodes:
@@ -76,7 +80,7 @@ def step_figures(episodes: list[Episode], version: int, row: dict[str, Any]) -> 
     for kind, (count, seconds) in TRACE.take_totals().items():
         out[f"spans/{kind}/n"] = float(count)
         out[f"spans/{kind}/s"] = seconds
-    for source in STEP_SOURCES:
+    for source in sources:
         out.update(source())
     return out
 

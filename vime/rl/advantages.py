@@ -33,9 +33,9 @@ from collections.abc import Callable, Sequence
 import torch
 
 from vime.agents.turn_samples import per_episode, turn_samples
+from vime.conf.train import ADVANTAGES, TrainConfig
 from vime.errors import ConfigError
-from vime.rl.config import ADVANTAGES, TrainConfig
-from vime.trainer.losses import grpo_advantages, kl_estimate
+from vime.trainer.losses import kl_estimate
 from vime.types import Episode, EpisodeStatus, Sample
 
 # Truncation reasons that mean "the answer did not fit" (vime.agents.episode's endings).
@@ -66,11 +66,23 @@ def grpo(
     """GRPO: ``A_i = (r_i − mean_g r) / (std_g r + 1e-6)`` over the sample's group g;
     ``normalize_std=False`` gives ``A_i = r_i − mean_g r`` (Dr.GRPO).
 
+    The std is the population std, computed in float64; a group of one gets 0.
+
     Example:
         >>> grpo([1.0, 0.0], ["g", "g"], normalize_std=False)
         [0.5, -0.5]
     """
-    return grpo_advantages(rewards, group_ids, normalize_std=normalize_std, eps=EPS)
+    if len(rewards) != len(group_ids):
+        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
+    out = [0.0] * len(rewards)
+    for idx in _by_group(group_ids).values():
+        r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
+        centred = r - r.mean()
+        if normalize_std:
+            centred = centred / (r.std(unbiased=False) + EPS)
+        for i, adv in zip(idx, centred.tolist(), strict=True):
+            out[i] = adv
+    return out
 
 
 def rloo(rewards: Sequence[float], group_ids: Sequence[str]) -> list[float]:

@@ -36,6 +36,8 @@ from omegaconf import OmegaConf
 from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
+from vime.conf.compose import describe, load_config
+from vime.conf.train import TrainConfig
 from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet, asleep
 from vime.envs import TaskSource, preflight_env
@@ -46,14 +48,19 @@ from vime.observability.lock_watch import LockWatch
 from vime.observability.metrics import plot_curves
 from vime.observability.recorder import StepRecorder
 from vime.observability.trace import TRACE
+from vime.placement.ranks import Ranks, TrainerGroup
+from vime.placement.trainer_process import (
+    TrainerProcess,
+    reap_checkpoint_writer_with_this_process,
+    trainer_in_own_process,
+)
 from vime.rl.advantages import make_samples, needs_reference
-from vime.rl.config import TrainConfig, describe, load_config
 from vime.rl.console import StepConsole, quiet_library_warnings
-from vime.rl.evaluate import evaluate
-from vime.rl.gpu_sync import build_weight_sync
-from vime.rl.ranks import Ranks, TrainerGroup
+from vime.rl.eval_step import evaluate
 from vime.rl.rollouts import STOP, Rollouts
-from vime.rl.run_dir import (
+from vime.rl.tasks import eval_tasks, train_source
+from vime.rl.warm_start import tiny_model_warning, warm_start
+from vime.runs.folder import (
     RunDir,
     atomic_write_text,
     pause_point,
@@ -61,14 +68,10 @@ from vime.rl.run_dir import (
     read_state,
     write_state,
 )
-from vime.rl.tasks import eval_tasks, train_source
-from vime.rl.trainer_process import (
-    TrainerProcess,
-    reap_checkpoint_writer_with_this_process,
-    trainer_in_own_process,
-)
-from vime.rl.warm_start import tiny_model_warning, warm_start
-from vime.rl.weight_sync import DiskWeightSync
+from vime.runs.page import rewrite_at_end
+from vime.sandbox.leases import take_figures
+from vime.sync.base import WeightSync
+from vime.sync.gpu import build_weight_sync
 from vime.trainer.critic import Critic
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
@@ -123,7 +126,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
-        metrics_log = cleanup.enter_context(StepRecorder(run.root, cfg, fleet.urls))
+        # Entered before the recorder, so the page is drawn after its sinks are closed.
+        cleanup.enter_context(rewrite_at_end(run.root, cfg.metrics.page))
+        metrics_log = cleanup.enter_context(
+            StepRecorder(run.root, cfg.metrics, cfg.trace, fleet.urls, sources=[take_figures])
+        )
         buffer = DataBuffer(run.root)
         cleanup.callback(buffer.close)
         engines, policy, sync = _engine_clients(cfg, fleet, group, run, start, external)
@@ -344,7 +351,7 @@ def _engine_clients(
     run: RunDir,
     start: int,
     external: list[str],
-) -> tuple[list[EngineClient], PolicyClient, DiskWeightSync]:
+) -> tuple[list[EngineClient], PolicyClient, WeightSync]:
     """(Rank 0.) A client per engine, the policy client over the fleet, the weight sync.
 
     The sync tells the policy client which version each engine serves (one place). A

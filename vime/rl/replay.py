@@ -31,12 +31,13 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from vime.buffer import DataBuffer
+from vime.conf.compose import saved_run_config
+from vime.conf.train import TrainConfig
 from vime.errors import ConfigError
 from vime.observability.metrics import MetricsLog
-from vime.observability.run_files import parse_options, run_folder, run_tokenizer
 from vime.rl.advantages import make_samples, needs_reference
-from vime.rl.config import TrainConfig, saved_run_config
-from vime.rl.run_dir import RunDir
+from vime.runs.folder import RunDir, run_folder
+from vime.runs.reading import parse_options, run_tokenizer
 from vime.types import Sample
 
 log = logging.getLogger("vime.replay")

@@ -44,14 +44,14 @@ from vime.agents.collector import Collector
 from vime.agents.episode import lost_to_engine
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
+from vime.conf.train import TrainConfig
 from vime.envs import TaskSource
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError, EngineError, RolloutError
 from vime.rl.advantages import select_groups
-from vime.rl.config import TrainConfig
-from vime.rl.run_dir import RunDir
 from vime.rl.stream import RolloutStream
-from vime.rl.weight_sync import DiskWeightSync
+from vime.runs.folder import RunDir
+from vime.sync.base import WeightSync
 from vime.types import Episode, EpisodeStatus
 
 log = logging.getLogger("vime.train")
@@ -152,7 +152,7 @@ class Rollouts:
         buffer: DataBuffer,
         tasks: TaskSource,
         policy: PolicyClient,
-        sync: DiskWeightSync,
+        sync: WeightSync,
         save: Callable[[int], object] | None = None,
     ) -> None:
         self.cfg = cfg
@@ -329,7 +329,14 @@ class Rollouts:
             return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
         if self.stream is None:
             self.stream = RolloutStream(
-                self.cfg, self.collector, self.tasks, self._env_factory, self._served, step
+                r,
+                self.cfg.steps,
+                self.collector,
+                self.tasks,
+                self._env_factory,
+                version=self._served,
+                first_step=step,
+                signal=lambda episodes, v: bool(select_groups(episodes, self.cfg, v)[0]),
             )
             self.loop.call_soon_threadsafe(self.stream.start)
             self.taken_at = time.perf_counter()  # the stream's window opens

@@ -31,7 +31,8 @@ is called by the runner); a checkpoint saves the lent ones, so groups in flight 
 is killed are played again after ``resume``.
 
 Example (skipped as a doctest: it needs a collector on a running engine):
-    >>> stream = RolloutStream(cfg, collector, tasks, factory, lambda: sync.version, 1)  # doctest: +SKIP
+    >>> stream = RolloutStream(cfg.rollout, cfg.steps, collector, tasks, factory,  # doctest: +SKIP
+    ...                        version=lambda: sync.version, first_step=1, signal=trainable)
     >>> groups = runner.run(stream.take(version=0))  # doctest: +SKIP
 """
 
@@ -46,12 +47,14 @@ from typing import Any
 
 from vime.agents.collector import Collector
 from vime.agents.episode import EnvFactory, lost_to_engine
+from vime.conf.train import RolloutConfig
 from vime.envs import TaskSource
-from vime.rl.advantages import select_groups
-from vime.rl.config import TrainConfig
 from vime.types import Episode
 
 log = logging.getLogger("vime.train")
+# Whether a step at a weight version could train on a group's episodes (the loop's
+# filter_groups and staleness rules: vime.rl.advantages.select_groups).
+Signal = Callable[[list[Episode], int], bool]
 POLL_S = 0.05  # how often the producer looks for a new weight version
 
 
@@ -64,11 +67,11 @@ class Group:
     episodes: list[Episode]
     version: int  # the weights the engines served when it was admitted
 
-    def has_signal(self, cfg: TrainConfig, version: int) -> bool:
+    def has_signal(self, signal: Signal, version: int) -> bool:
         """True when a step can train on it (or must play its lost episodes again)."""
         if any(lost_to_engine(ep) for ep in self.episodes):
             return True  # the runner re-plays what an engine lost: the group completes
-        return bool(select_groups(self.episodes, cfg, version)[0])
+        return signal(self.episodes, version)
 
 
 class RolloutStream:
@@ -80,14 +83,18 @@ class RolloutStream:
 
     def __init__(
         self,
-        cfg: TrainConfig,
+        rollout: RolloutConfig,
+        steps: int,
         collector: Collector,
         tasks: TaskSource,
         env_factory: EnvFactory,
         version: Callable[[], int],
         first_step: int,
+        signal: Signal,
     ) -> None:
-        self.cfg = cfg
+        self.rollout = rollout
+        self.steps = steps  # the run's last step: nothing is admitted past it
+        self.signal = signal
         self.collector = collector
         self.tasks = tasks
         self.env_factory = env_factory
@@ -112,10 +119,12 @@ class RolloutStream:
 
     def _room(self) -> int:
         """How many more groups the staleness bound admits now."""
-        r = self.cfg.rollout
-        ahead = min(self.version() + 1 + r.max_staleness, self.cfg.steps) - self.steps_taken
+        r = self.rollout
+        ahead = min(self.version() + 1 + r.max_staleness, self.steps) - self.steps_taken
         version = self.version()
-        outstanding = len(self.in_flight) + sum(g.has_signal(self.cfg, version) for g in self.ready)
+        outstanding = len(self.in_flight) + sum(
+            g.has_signal(self.signal, version) for g in self.ready
+        )
         by_staleness = ahead * r.batch_size - outstanding
         per_group = r.collector.n_samples
         by_concurrency = max(1, r.collector.concurrency // per_group) - len(self.in_flight)
@@ -160,12 +169,12 @@ class RolloutStream:
         Example (skipped as a doctest: it needs a collector on a running engine):
             >>> groups = runner.run(stream.take(version=2))  # doctest: +SKIP
         """
-        r = self.cfg.rollout
+        r = self.rollout
         cap = max(1, round(r.batch_size * r.oversample)) * (1 + r.refill_retries)
         while True:
             if self._error is not None:
                 raise self._error
-            signal = [g for g in self.ready if g.has_signal(self.cfg, version)]
+            signal = [g for g in self.ready if g.has_signal(self.signal, version)]
             done = self.stopping or (self.exhausted and not self.in_flight)
             # A group this old is stale for every later step: this one waits for it.
             overdue = any(v <= version - r.max_staleness for v in self._versions.values())

@@ -14,9 +14,9 @@ import importlib
 import inspect
 from typing import Any
 
+from vime.conf.train import EnvConfig, TrainConfig
 from vime.envs.tasks import Task, TaskSource, load_tasks
 from vime.errors import ConfigError
-from vime.rl.config import EnvConfig, TrainConfig
 
 # Bundled generators draw evaluation tasks with this offset on the seed: held-out tasks.
 EVAL_SEED_OFFSET = 1_000_003
@@ -110,7 +110,7 @@ def train_source(cfg: TrainConfig) -> TaskSource:
     epoch: the run then stops with the source's DataError (:meth:`TaskSource.take`).
 
     Example:
-        >>> from vime.rl.config import load_config
+        >>> from vime.conf.compose import load_config
         >>> cfg = load_config(["env.tasks.limit=3", "env.tasks.epochs=2", "steps=1"])
         >>> cfg.rollout.batch_size = 6
         >>> len(train_source(cfg).take(6))

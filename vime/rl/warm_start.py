@@ -55,10 +55,10 @@ from transformers import AutoTokenizer
 import vime.envs as envs
 from vime.agents.chat_tokens import ChatTokens
 from vime.agents.tool_parsers import parse_tool_calls
+from vime.conf.train import EnvConfig, ModelConfig
 from vime.engine.server import TORCHRUN_VARS
 from vime.envs.tasks import Task
 from vime.errors import DataError, TrainerError
-from vime.rl.config import EnvConfig, ModelConfig
 from vime.rl.console import quiet_library_warnings
 from vime.rl.tasks import builtin_tasks
 from vime.trainer.config import TrainerConfig

@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import SandboxError
-from vime.observability.step_metrics import STEP_SOURCES
 from vime.sandbox.base import ExecResult
 from vime.sandbox.config import SandboxConfig
 from vime.sandbox.docker import DockerSandbox
@@ -95,9 +94,6 @@ def take_figures() -> dict[str, float]:
     """The sandbox figures since the last call (empty when no sandbox was used); see the
     module docstring. Example: ``take_figures().get("sandbox/acquire_s")``."""
     return _COUNTS.take()
-
-
-STEP_SOURCES.append(take_figures)
 
 
 class Lease:

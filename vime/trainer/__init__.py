@@ -30,7 +30,6 @@ _EXPORTS = {
     "Trainer": "vime.trainer.step",
     "TrainerConfig": "vime.trainer.config",
     "LossConfig": "vime.trainer.losses",
-    "grpo_advantages": "vime.trainer.losses",
     "policy_loss": "vime.trainer.losses",
     "token_logprobs": "vime.trainer.logprobs",
     "build_gpt_model": "vime.trainer.model",

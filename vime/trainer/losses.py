@@ -37,7 +37,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -99,39 +98,6 @@ class LossConfig:
             f"need tis_low <= 1 <= tis_high, got {self.tis_low}, {self.tis_high}",
         )
         require(self.kl_coef >= 0, "loss.kl_coef", f"must be >= 0, got {self.kl_coef}")
-
-
-def grpo_advantages(
-    rewards: Sequence[float],
-    group_ids: Sequence[str],
-    *,
-    normalize_std: bool = True,
-    eps: float = 1e-6,
-) -> list[float]:
-    """Group-normalised advantages: ``(r − mean_group) / (std_group + eps)``.
-
-    ``normalize_std=False`` keeps only the mean baseline (Dr.GRPO: dividing by the std
-    over-weights groups that are almost all right or all wrong). The std is the population
-    std (``unbiased=False``); a group of one gets advantage 0.
-
-    Example:
-        >>> grpo_advantages([1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"], normalize_std=False)
-        [0.5, -0.5, 0.0, 0.0]
-    """
-    if len(rewards) != len(group_ids):
-        raise ValueError(f"{len(rewards)} rewards but {len(group_ids)} group ids")
-    groups: dict[str, list[int]] = {}
-    for i, g in enumerate(group_ids):
-        groups.setdefault(g, []).append(i)
-    out = [0.0] * len(rewards)
-    for idx in groups.values():
-        r = torch.tensor([float(rewards[i]) for i in idx], dtype=torch.float64)
-        centred = r - r.mean()
-        if normalize_std:
-            centred = centred / (r.std(unbiased=False) + eps)
-        for i, a in zip(idx, centred.tolist(), strict=True):
-            out[i] = a
-    return out
 
 
 def kl_estimate(logp: torch.Tensor, ref_logp: torch.Tensor, estimator: str = "k3") -> torch.Tensor:

@@ -20,7 +20,6 @@ import copy
 import importlib
 import pkgutil
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError, DataError
@@ -196,24 +195,3 @@ def load_bundled(split: str = "train") -> list[dict[str, Any]]:
     if dupes:
         raise DataError(f"bundled SWE tasks: duplicate ids {sorted(dupes)}")
     return [r for r in records if split in ("all", r.get("split", "train"))]
-
-
-def swebench_record(record: dict[str, Any], **kwargs: Any) -> dict[str, Any]:
-    """One SWE-bench record as a task dict: :func:`vime.suites.swe.swebench.swebench_record`."""
-    from ..swebench import swebench_record as convert
-
-    return convert(record, **kwargs)
-
-
-def load_swebench(path: str | Path, **kwargs: Any) -> list[dict[str, Any]]:
-    """SWE-bench records from a file as tasks: :func:`vime.suites.swe.swebench.load_swebench`.
-
-    Example:
-        >>> load_swebench("missing.parquet")
-        Traceback (most recent call last):
-        ...
-        vime.errors.DataError: missing.parquet: file not found (check the path; cwd is ...)
-    """
-    from ..swebench import load_swebench as load
-
-    return load(path, **kwargs)

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from vime.conf.compose import load_config
 from vime.errors import ConfigError
-from vime.rl.config import load_config
 from vime.rl.tasks import eval_tasks, train_tasks
 from vime.suites.swe.tasks import SWETask, load_bundled
 

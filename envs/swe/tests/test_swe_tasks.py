@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from vime.errors import DataError
-from vime.suites.swe.tasks import SWETask, load_bundled, load_swebench, swebench_record
+from vime.suites.swe.swebench import load_swebench, swebench_record
+from vime.suites.swe.tasks import SWETask, load_bundled
 
 GRADER = Path(__file__).resolve().parents[1] / "grader.py"
 TASKS = load_bundled()

@@ -15,7 +15,7 @@ import pytest
 
 import vime
 from vime.errors import ConfigError, DataError
-from vime.rl.eval_report import aggregate, build_report, report_markdown, task_rows
+from vime.eval.report import aggregate, build_report, report_markdown, task_rows
 from vime.sandbox import SandboxConfig
 from vime.sandbox.leases import close_pools, lease
 from vime.suites.swe.env import SWEEnv

@@ -1,0 +1,93 @@
+"""Keys that only act with another key: set without it, the run fails at start naming both;
+a preset's own values never count as the user's setting."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vime.conf.compose import load_config
+from vime.conf.dependencies import RULES, dotted
+from vime.conf.train import TrainConfig
+from vime.errors import ConfigError
+from vime.rl.tasks import train_source
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "needs"),
+    [
+        (["metrics.wandb_project=mine"], "metrics.wandb_project", "metrics.wandb"),
+        (["trainer.loss.tis=none", "trainer.loss.tis_cap=3"], "trainer.loss.tis_cap", "tis"),
+        (["trainer.loss.tis_low=0.1"], "trainer.loss.tis_low", "trainer.loss.tis"),
+        (["rollout.gamma=0.9"], "rollout.gamma", "rollout.advantage"),
+        (["critic.lr=1e-4"], "critic.lr", "rollout.advantage"),
+        (["trainer.lr_decay_steps=10"], "trainer.lr_decay_steps", "lr_decay_style"),
+        (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
+        (
+            ["model.warm_start_steps=0", "model.warm_start_target=0.3"],
+            "model.warm_start_target",
+            "model.warm_start_steps",
+        ),
+        (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
+    ],
+)
+def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
+    with pytest.raises(ConfigError, match=rf"{key}=.* does nothing with .*{needs}") as err:
+        load_config(overrides)
+    assert err.value.key == key
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["env=tools"],  # the preset sizes the warm start: not the user's setting
+        ["env=tools", "model.warm_start_steps=0"],  # its preset's target is not the user's
+        ["trainer=gspo"],  # the preset's eps come with its two mini-batches
+        ["trainer.loss.tis=mask", "trainer.loss.tis_low=0.1"],
+        ["rollout.advantage=gae", "rollout.gamma=0.9", "critic.lr=1e-4"],
+        ["env.eval_size=0", "eval_every=0"],  # 0 is off anyway
+        ["metrics.wandb=offline", "metrics.wandb_project=mine"],
+    ],
+)
+def test_a_key_with_what_it_needs_loads(overrides):
+    load_config(overrides)
+
+
+def test_every_rule_names_real_keys():
+    cfg = TrainConfig()
+    for rule in RULES:
+        for key in (*rule.keys, rule.needs):
+            dotted(cfg, key)  # raises for a key TrainConfig does not have
+
+
+def test_task_epochs_and_limit_reach_the_run():
+    cfg = load_config(["env.tasks.limit=3", "env.tasks.epochs=2", "steps=1"])
+    cfg.rollout.batch_size, cfg.rollout.oversample = 6, 1.0
+    source = train_source(cfg)
+    assert len(source) == 3 and len(source.take(6)) == 6
+    cfg.steps = 2  # 12 draws from 2 passes over 3 tasks
+    with pytest.raises(ConfigError, match=r"steps <= 1.*env.tasks.epochs >= 4") as err:
+        train_source(cfg)
+    assert err.value.key == "env.tasks.epochs"
+
+
+def test_eval_tasks_from_the_training_file_are_held_out(tmp_path):
+    from vime.rl.tasks import eval_tasks
+
+    path = tmp_path / "tasks.jsonl"
+    rows = [{"id": f"t{i}", "question": f"{i} + 1", "answer": str(i + 1)} for i in range(10)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = load_config([f"env.tasks.path={path}", "env.eval_size=3", "steps=1"])
+    cfg.rollout.batch_size = 7
+    evals = [t["id"] for t in eval_tasks(cfg.env)]
+    train = sorted(t["id"] for t in train_source(cfg).take(7))
+    assert evals == ["t0", "t1", "t2"] and train == sorted(f"t{i}" for i in range(3, 10))
+    cfg.env.eval_tasks = str(path)  # a file of its own: training keeps every task
+    assert len(train_source(cfg)) == 10
+    cfg.env.eval_tasks, cfg.eval_every = "", 0  # no evaluation: nothing held out
+    assert len(train_source(cfg)) == 10
+    cfg.eval_every, cfg.env.eval_size = 10, 10
+    with pytest.raises(ConfigError, match=r"leaves none of its 10 to train on") as err:
+        train_source(cfg)
+    assert err.value.key == "env.eval_size"

@@ -1,0 +1,197 @@
+"""Keys that only act when another key is configured: set without it, the run fails at start.
+
+House rule: a setting that silently does nothing is a defect. Each :class:`Needs` row
+names keys that another key's setting makes inert (the warm start's keys when
+``model.path`` is set, ``trainer.loss.tis_cap`` unless ``trainer.loss.tis=truncate``, ...).
+A row fires only when the user moved such a key away from the value the chosen presets
+give it (``env=tools`` sizing the warm start is not the user's setting): :func:`load_config
+<vime.conf.compose.load_config>` composes the presets alone and passes their values here.
+
+Example:
+    >>> from vime.conf.compose import load_config
+    >>> load_config(["metrics.wandb_project=mine"])
+    Traceback (most recent call last):
+    ...
+    vime.errors.ConfigError: metrics.wandb_project='mine' does nothing with metrics.wandb='false' (nothing logs to W&B): set metrics.wandb=offline or online, or leave metrics.wandb_project unset
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from vime.errors import ConfigError
+from vime.trainer.critic import CriticConfig
+
+# The configs checked are TrainConfigs, typed Any: vime.conf.train imports this module.
+TrainConfig = Any
+
+
+@dataclass(frozen=True)
+class Needs:
+    """``keys`` act only while ``used(cfg)``; ``needs`` is the key deciding that.
+
+    ``why`` follows "does nothing with <needs>=<value>" in the message, ``fix`` after it.
+    ``inert``: a value that means "off" anyway (``model.warm_start_steps=0``), never an error.
+    """
+
+    keys: tuple[str, ...]
+    needs: str
+    used: Callable[[TrainConfig], bool]
+    why: str
+    fix: str
+    inert: Any = ...
+
+
+def _resumed_folder_matches(cfg: TrainConfig, key: str) -> bool:
+    """A resumed run keeps its folder: run_root/name may only repeat where it is."""
+    if not cfg.resume:
+        return True
+    folder = Path(cfg.resume).resolve()
+    if key == "run_root":
+        return folder.parent == Path(cfg.run_root).resolve()
+    return re.fullmatch(rf"\d{{8}}-\d{{6}}-{re.escape(cfg.name)}(-\d+)?", folder.name) is not None
+
+
+_CRITIC_KEYS = tuple(f"critic.{f.name}" for f in dataclasses.fields(CriticConfig))
+
+RULES: tuple[Needs, ...] = (
+    Needs(
+        ("rollout.gamma", "rollout.gae_lambda", *_CRITIC_KEYS),
+        "rollout.advantage",
+        lambda c: c.rollout.advantage == "gae",
+        "(it trains no critic)",
+        "set rollout.advantage=gae (PPO with a learned critic), or leave it unset",
+    ),
+    Needs(
+        ("model.warm_start_steps",),
+        "model.path",
+        lambda c: not c.model.path,
+        "(the warm start trains vime's tiny model only)",
+        "leave it unset, or clear model.path to start from the tiny model",
+        inert=0,
+    ),
+    Needs(
+        (
+            "model.warm_start_batch",
+            "model.warm_start_lr",
+            "model.warm_start_seed",
+            "model.warm_start_target",
+        ),
+        "model.path",
+        lambda c: not c.model.path,
+        "(the warm start trains vime's tiny model only)",
+        "leave it unset, or clear model.path to start from the tiny model",
+    ),
+    Needs(
+        ("model.warm_start_target",),
+        "model.warm_start_steps",
+        lambda c: c.model.warm_start_steps > 0,
+        "(there is no warm start to stop)",
+        "set model.warm_start_steps > 0 (the cap), or leave it unset",
+        inert=0,
+    ),
+    Needs(
+        ("eval_every", "env.eval_tasks"),
+        "env.eval_size",
+        lambda c: c.env.eval_size > 0,
+        "(no task is evaluated)",
+        "set env.eval_size > 0 (tasks per evaluation), or leave it unset",
+        inert=0,
+    ),
+    Needs(
+        ("run_root",),
+        "resume",
+        lambda c: _resumed_folder_matches(c, "run_root"),
+        "(a resumed run goes on in its own folder, which is not under run_root)",
+        "leave run_root unset, or drop resume to start a new run there",
+    ),
+    Needs(
+        ("name",),
+        "resume",
+        lambda c: _resumed_folder_matches(c, "name"),
+        "(a resumed run goes on in its own folder, which is not named so)",
+        "leave name unset, or drop resume to start a new run",
+    ),
+    Needs(
+        ("trainer.loss.token_sum_denominator",),
+        "trainer.loss.aggregation",
+        lambda c: c.trainer.loss.aggregation == "token-sum",
+        "(only token-sum divides by it)",
+        "set trainer.loss.aggregation=token-sum, or leave it unset",
+    ),
+    Needs(
+        ("trainer.loss.tis_cap",),
+        "trainer.loss.tis",
+        lambda c: c.trainer.loss.tis == "truncate",
+        "(only tis=truncate caps the ratio)",
+        "set trainer.loss.tis=truncate, or leave it unset",
+    ),
+    Needs(
+        ("trainer.loss.tis_low", "trainer.loss.tis_high"),
+        "trainer.loss.tis",
+        lambda c: c.trainer.loss.tis == "mask",
+        "(only tis=mask masks tokens outside [tis_low, tis_high])",
+        "set trainer.loss.tis=mask, or leave it unset",
+    ),
+    Needs(
+        ("metrics.wandb_project",),
+        "metrics.wandb",
+        lambda c: c.metrics.wandb != "false",
+        "(nothing logs to W&B)",
+        "set metrics.wandb=offline or online, or leave metrics.wandb_project unset",
+    ),
+    Needs(
+        ("trainer.lr_decay_steps",),
+        "trainer.lr_decay_style",
+        lambda c: c.trainer.lr_decay_style != "constant",
+        "(a constant learning rate does not decay)",
+        "set trainer.lr_decay_style=linear or cosine, or leave it unset",
+    ),
+    Needs(
+        ("rollout.collector.sampling.seed",),
+        "rollout.collector.seed",
+        lambda c: c.rollout.collector.seed is None,
+        "(each request's seed is derived from rollout.collector.seed instead)",
+        "leave it unset and seed with rollout.collector.seed alone",
+    ),
+)
+
+
+def dotted(obj: Any, key: str) -> Any:
+    """``key``'s value in a config object or a plain dict (as OmegaConf gives it).
+
+    Example:
+        >>> dotted({"trainer": {"lr": 0.1}}, "trainer.lr")
+        0.1
+    """
+    for part in key.split("."):
+        obj = obj[part] if isinstance(obj, Mapping) else getattr(obj, part)
+    return obj
+
+
+def check_dependencies(cfg: TrainConfig, presets: Mapping[str, Any]) -> None:
+    """Raise a ConfigError for the first key of :data:`RULES` that ``cfg`` sets away from
+    ``presets`` (the chosen presets' config, as a dict) while it does nothing.
+
+    Example:
+        >>> import dataclasses
+        >>> from vime.conf.train import TrainConfig
+        >>> check_dependencies(TrainConfig(), dataclasses.asdict(TrainConfig()))
+    """
+    for rule in RULES:
+        if rule.used(cfg):
+            continue
+        for key in rule.keys:
+            value = dotted(cfg, key)
+            if value == dotted(presets, key) or value == rule.inert:
+                continue
+            raise ConfigError(
+                f"{key}={value!r} does nothing with {rule.needs}={dotted(cfg, rule.needs)!r} "
+                f"{rule.why}: {rule.fix}",
+                key=key,
+            )

@@ -1,0 +1,357 @@
+"""The ``vime-agent train`` config: Hydra config groups over typed dataclass configs.
+
+Groups (pick one option with ``group=option``):
+
+- ``env``: ``math`` (default), ``tools``, ``swe`` — which environment and its tasks.
+- ``model``: ``tiny`` (default: the locally built tiny model plus a warm start).
+- ``trainer``: ``grpo`` (default), ``dr_grpo``, ``gspo`` — the policy objective.
+- ``engine``: ``cpu`` (default, float32), ``gpu`` (CUDA, bfloat16).
+- ``rollout``: ``sync`` (default, on-policy), ``async`` (rollouts never stop; steps take
+  the groups that finish first, at most ``max_staleness`` versions old).
+
+Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
+``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
+(:class:`RolloutConfig`, which holds the collector's options), ``placement``
+(:class:`vime.placement.config.PlacementConfig`: trainer TP/PP, engines per node, devices,
+colocated or split, external engine URLs). Any field can be set
+with ``key=value``; a wrong key or value gives one :class:`ConfigError` naming the key
+and the nearest valid names.
+
+Composed by :func:`vime.conf.compose.load_config`.
+
+Example:
+    >>> RolloutConfig().batch_size
+    64
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vime.agents.collector import CollectorConfig
+from vime.config import require, require_choice
+from vime.engine.config import EngineConfig
+from vime.envs.tasks import TaskSourceConfig
+from vime.models.templates import load_chat_template
+from vime.observability.config import MetricsConfig, TraceConfig
+from vime.placement.config import PlacementConfig
+from vime.trainer.config import TrainerConfig
+from vime.trainer.critic import CriticConfig
+from vime.trainer.reference import ReferenceConfig
+from vime.types import SamplingParams
+
+GROUPS = ("env", "model", "trainer", "engine", "rollout")
+MODES = ("sync", "async")
+# disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
+SYNC_METHODS = ("disk", "nccl", "ipc")
+# Advantage estimators and over-long handling (vime.rl.advantages, docs/algorithms.md).
+ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
+OVERLONG_MODES = ("none", "mask", "penalty")
+
+
+@dataclass
+class EnvConfig:
+    """Which environment to train on, and where its tasks come from.
+
+    ``tasks.path`` empty means the env's bundled tasks, produced by ``builtin_tasks``
+    (``module:function`` called as ``function(n=..., seed=...)``).
+    """
+
+    id: str = "vime/Math-v0"  # the vime.make id of every episode (vime-agent envs lists them)
+    # vime.make(env.id, **kwargs) for training, eval and warm-start episodes (max_turns, ...)
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    tasks: TaskSourceConfig = field(default_factory=TaskSourceConfig)
+    builtin_tasks: str = "vime.suites.math.data:arithmetic_suite"
+    # Hydra merges dict-valued fields across groups, so the default stays empty and each
+    # env preset sets its own arguments.
+    builtin_args: dict[str, Any] = field(default_factory=dict)
+    eval_tasks: str = ""  # a .jsonl/.parquet file; "" = the training tasks' source
+    # Tasks per evaluation (eval_every): the first N of eval_tasks, else of tasks.path (held
+    # out while eval_every > 0: training draws the rest of that file), else of the
+    # generator's draw with seed tasks.seed + 1000003 (or its eval split); 0 = none.
+    eval_size: int = 64
+    # "module:function" giving a task's reference completion (text), used by the
+    # supervised warm start; "" = the env has none (no warm start).
+    demonstrations: str = ""
+
+    def __post_init__(self) -> None:
+        require(bool(self.id), "env.id", "must name a registered env (vime-agent envs lists them)")
+        require(
+            bool(self.tasks.path) or ":" in self.builtin_tasks,
+            "env.builtin_tasks",
+            "must be 'module:function' when env.tasks.path is empty",
+        )
+        require(self.eval_size >= 0, "env.eval_size", "must be >= 0 (0 = no evaluation)")
+
+
+@dataclass
+class ModelConfig:
+    """The policy's starting checkpoint.
+
+    ``path``: the HF folder (with its config.json) the policy starts from; empty means
+    vime's tiny local model, which the warm start (:mod:`vime.rl.warm_start`) first trains
+    on each training task played once with ``env.demonstrations``' answer.
+    ``chat_template``: a bundled template (``chatml``, ``qwen3``, ``llama3``, ``mistral``) or
+    a Jinja file, given to the tokenizer of the folder the run serves and trains, so that the
+    collector, the evaluation and vLLM render with it; empty: the folder's own.
+    """
+
+    path: str = ""
+    chat_template: str = ""
+    # SFT steps on the tiny model before RL (model=tiny: 400), cached by content in
+    # $VIME_CACHE_DIR/models (default .cache/models); 0 = none.
+    warm_start_steps: int = 0
+    warm_start_batch: int = 64  # demonstrations per step, drawn without replacement
+    warm_start_lr: float = 1e-3  # Adam, linear warmup over 30 steps, then constant; clip 1.0
+    warm_start_seed: int = 0  # batch draws, trainer, tasks (generator seed: this + 7919)
+    # Stop once sampling at T=1 would write 64 held-out demonstrations exactly with this mean
+    # chance (RL's first reward); warm_start_steps is then the cap. 0 = run them all.
+    warm_start_target: float = 0.0
+
+    def __post_init__(self) -> None:
+        require(self.warm_start_steps >= 0, "model.warm_start_steps", "must be >= 0")
+        require(self.warm_start_batch >= 1, "model.warm_start_batch", "must be >= 1")
+        require(self.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
+        require(0 <= self.warm_start_target <= 1, "model.warm_start_target", "must be in [0, 1]")
+        if self.chat_template:  # a wrong name or file fails here, naming the key
+            load_chat_template(self.chat_template)
+
+
+@dataclass
+class RolloutConfig:
+    """How each step's data is collected.
+
+    ``batch_size`` tasks per step, each sampled ``collector.n_samples`` times (a GRPO
+    group). ``oversample`` > 1 draws more groups than needed so that ``filter_groups``
+    (drop groups whose rewards are all equal: zero advantage, no signal) still leaves a
+    full batch. ``mode`` is ``sync`` (a step collects its batch under the current weights,
+    then trains) or ``async`` (needs ``placement.mode=split``): groups play continuously
+    while the trainer trains, at most ``max_staleness`` weight versions ahead, and a step
+    takes the first ``batch_size`` groups that finish (:mod:`vime.rl.stream`); samples older
+    than ``max_staleness`` versions are dropped, the rest are corrected by TIS.
+    ``partial_rollouts`` (default): a weight sync that lands while requests are in flight
+    aborts them, and each continues under the new weights from where it stopped, every
+    token keeping the version that sampled it (:mod:`vime.agents.completion`); false:
+    they are frozen and resumed, their tokens recorded with the older version.
+
+    Faults (RELIABILITY.md): episodes lost to an unavailable engine (killed, or hung past
+    ``request_timeout_s`` per request try) are played again once the engine is back, at
+    most ``engine_retries`` rounds per step; a step where more than ``max_error_frac`` of
+    the episodes end in ``error`` stops the run with the reasons.
+
+    Example:
+        >>> RolloutConfig(engine_retries=0).max_error_frac
+        0.5
+    """
+
+    batch_size: int = 64
+    oversample: float = 1.0
+    filter_groups: bool = True
+    mode: str = "sync"
+    max_staleness: int = 1
+    # advantage=grpo: centred rewards divided by the group's std (+1e-6); false: the mean
+    # baseline only (Dr.GRPO, trainer=dr_grpo). The other estimators take true only.
+    normalize_std: bool = True
+    engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
+    max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
+    # per request try to the engine; a timed-out try is retried only if /health answers
+    request_timeout_s: float = 600.0
+    partial_rollouts: bool = True  # a sync aborts in-flight requests, which then continue
+    collector: CollectorConfig = field(
+        default_factory=lambda: CollectorConfig(
+            n_samples=8,
+            sampling=SamplingParams(temperature=1.0, max_tokens=16),
+            max_model_len=512,
+            progress=False,
+        )
+    )
+    # Algorithms (docs/algorithms.md; checked against each other in TrainConfig):
+    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+    gamma: float = 1.0  # gae: discount per sampled token
+    gae_lambda: float = 1.0  # gae: λ (1: A = return − V; lower trusts the critic more)
+    overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
+    overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
+    kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
+    refill_retries: int = 0  # extra draws (of batch_size) when filter_groups leaves too few
+
+    def __post_init__(self) -> None:
+        require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")
+        require(self.oversample >= 1.0, "rollout.oversample", "must be >= 1.0")
+        require_choice(self.mode, "rollout.mode", MODES)
+        require(self.max_staleness >= 0, "rollout.max_staleness", "must be >= 0")
+        require(self.engine_retries >= 0, "rollout.engine_retries", "must be >= 0 (0 = none)")
+        require(
+            0.0 <= self.max_error_frac <= 1.0,
+            "rollout.max_error_frac",
+            "must be in [0, 1] (1 = never stop on env errors)",
+        )
+        require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0 seconds")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``vime-agent train`` run uses (saved as the run's config.yaml).
+
+    No run-wide seed: each random choice has its own key. ``env.tasks.seed``: the task
+    generator's draw and each epoch's task order; ``rollout.collector.seed``: env resets
+    and per-request sampling seeds; ``engine.seed``: vLLM's own; ``trainer.seed``: the
+    trainer's RNG (dropout); ``model.warm_start_seed``: the tiny model's warm start.
+    """
+
+    defaults: list[Any] = field(
+        default_factory=lambda: [
+            "_self_",
+            {"model": "tiny"},
+            {"env": "math"},  # after model: an env preset may size the tiny model's warm start
+            {"trainer": "grpo"},
+            {"engine": "cpu"},
+            {"rollout": "sync"},
+        ]
+    )
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    placement: PlacementConfig = field(default_factory=PlacementConfig)
+    reference: ReferenceConfig = field(default_factory=ReferenceConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)  # rollout.advantage=gae
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
+    trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
+    # Optimizer steps of the policy; a resumed run goes on to this one. The last step is
+    # always checkpointed, and evaluated when eval_every and env.eval_size are > 0.
+    steps: int = 40
+    run_root: str = "runs"  # a new run's folder: <run_root>/<YYYYmmdd-HHMMSS>-<name>
+    name: str = ""  # the run folder's suffix; "" = the env's short name (vime/Math-v0: math)
+    # A run folder to go on with: its newest complete checkpoint, its buffered steps after it,
+    # then new ones, with the run's own config.yaml and this command's overrides on top.
+    resume: str = ""
+    # Every N steps, the last one and (new run) before step 1: env.eval_size held-out tasks,
+    # a greedy episode each (eval/* metrics, <run>/eval/step_NNNNNN/); 0 = never.
+    eval_every: int = 10
+    # Checkpoint every N steps (<run>/checkpoints/step_NNNNNN, all kept); 0 = only the last
+    # step's (and on Ctrl-C the last completed step's), which are always saved.
+    save_every: int = 10
+    # Weights to the engines each step: disk (HF export, reloaded; CPU or GPU), nccl (GPU
+    # broadcast; placement.mode=split) or ipc (CUDA IPC; placement.mode=colocated, pp=1);
+    # nccl and ipc need engine.device=cuda.
+    sync: str = "disk"
+    plot: bool = True  # redraw <run>/reward.png (reward/mean, eval/reward) after each step
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 1, "steps", "must be >= 1")
+        require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
+        require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
+        require_choice(self.sync, "sync", SYNC_METHODS)
+        self._check_sync()
+        self._check_algorithms()
+        self._check_critic()
+        self.trace.check_engine(
+            self.engine.profiler_dir, bool(self.engine.url or self.placement.engine_urls)
+        )
+        require(
+            not (self.engine.url and self.placement.engine_urls),
+            "engine.url",
+            "and placement.engine_urls both name external engines; list them all in "
+            "placement.engine_urls",
+        )
+        require(
+            self.trainer.temperature == self.rollout.collector.sampling.temperature,
+            "trainer.temperature",
+            f"must equal rollout.collector.sampling.temperature "
+            f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
+            "of the distribution the engine sampled from",
+        )
+
+    def _check_algorithms(self) -> None:
+        """The algorithm keys, and each key that needs another one set (named both)."""
+        r, loss = self.rollout, self.trainer.loss
+        require_choice(r.advantage, "rollout.advantage", ADVANTAGES)
+        require_choice(r.overlong, "rollout.overlong", OVERLONG_MODES)
+        require(r.kl_reward_coef >= 0, "rollout.kl_reward_coef", "must be >= 0 (0 = off)")
+        require(r.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
+        require(
+            r.overlong != "penalty" or r.overlong_penalty > 0,
+            "rollout.overlong_penalty",
+            "must be > 0 with rollout.overlong=penalty (it is subtracted from the reward)",
+        )
+        require(
+            r.overlong_penalty == 0 or r.overlong == "penalty",
+            "rollout.overlong_penalty",
+            f"is set but rollout.overlong={r.overlong!r}: set rollout.overlong=penalty",
+        )
+        require(
+            r.normalize_std or r.advantage == "grpo",
+            "rollout.normalize_std",
+            f"=false applies to rollout.advantage=grpo only (it is {r.advantage!r})",
+        )
+        kl_on = loss.kl_coef > 0 or r.kl_reward_coef > 0
+        require(
+            not self.reference.path or kl_on,
+            "reference.path",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+        )
+        require(
+            loss.kl_estimator == "k3" or kl_on,
+            "trainer.loss.kl_estimator",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+        )
+        require(
+            not self.reference.path or Path(self.reference.path, "config.json").exists(),
+            "reference.path",
+            f"{self.reference.path} is not an HF checkpoint folder (no config.json)",
+        )
+
+    def _check_critic(self) -> None:
+        """The critic and GAE keys' values (used with ``rollout.advantage=gae`` only: see
+        :mod:`vime.conf.dependencies`)."""
+        r, c = self.rollout, self.critic
+        require(0 <= r.gamma <= 1, "rollout.gamma", f"must be in [0, 1], got {r.gamma}")
+        require(
+            0 <= r.gae_lambda <= 1, "rollout.gae_lambda", f"must be in [0, 1], got {r.gae_lambda}"
+        )
+        require(
+            not c.path or Path(c.path, "config.json").exists(),
+            "critic.path",
+            f"{c.path} is not an HF checkpoint folder (no config.json)",
+        )
+
+    def _check_sync(self) -> None:
+        """The GPU transports' needs, checked at start rather than at the first sync."""
+        require(
+            self.rollout.mode == "sync" or self.placement.mode == "split",
+            "rollout.mode",
+            "=async plays rollouts while the trainer trains, and placement.mode=colocated "
+            "engines sleep then; use placement.mode=split (engines on their own devices) "
+            "or rollout.mode=sync",
+        )
+        if self.sync == "disk":
+            return
+        require(
+            self.engine.device == "cuda",
+            "engine.device",
+            f"must be cuda for sync={self.sync} (vLLM's weight transfer moves CUDA "
+            f"tensors; got {self.engine.device!r}); use engine=gpu or sync=disk",
+        )
+        if self.sync == "nccl":
+            require(
+                self.placement.mode == "split",
+                "placement.mode",
+                "must be split for sync=nccl: NCCL cannot put the trainer and an engine "
+                "on one GPU; use sync=ipc for colocated engines",
+            )
+            return
+        require(
+            self.placement.mode == "colocated",
+            "placement.mode",
+            "must be colocated for sync=ipc: CUDA IPC shares memory on the same GPU; "
+            "use sync=nccl for engines on their own GPUs",
+        )
+        require(
+            self.placement.pp == 1,
+            "placement.pp",
+            "must be 1 for sync=ipc: every trainer rank hands its GPU's engines the full "
+            "tensors, which only TP gathers onto every rank",
+        )

@@ -1,0 +1,443 @@
+"""Evaluation against suites, with the same agent code as training.
+
+``vime-agent eval ckpt=CKPT suite=SUITE [key=value ...]`` runs every set of the suite
+(:mod:`vime.eval.suites`: bundled ``math``, ``tools``, ``swe`` on held-back tasks, or
+your YAML file) and writes ``report.json`` (per-task rows and aggregates), ``report.md``,
+``report.png`` and ``episodes.jsonl`` (every episode) to ``out=``. ``CKPT`` is
+
+- an HF checkpoint folder (a vLLM engine is launched on it; ``engine.KEY=VALUE`` apply),
+- a run folder: its newest weights, or ``step=N`` (exported from the step's trainer
+  checkpoint when the run no longer keeps that export), or
+- an engine URL ``http://host:port`` (attached, never stopped; the tokenizer is the
+  server's model folder, or ``tokenizer=DIR``).
+
+Other keys: ``seed=N`` (every set's sampling seed), ``limit=N`` (the first N tasks of
+each set), ``out=DIR`` (default: ``<folder>/eval-<suite>``, ``<run>/eval/<suite>-step_N``,
+or ``eval-<suite>`` here for a URL), ``trace.lock_watch_s=S`` (as in training: every
+thread's stack is printed when one env call holds Python's interpreter lock for S
+seconds; default 120, 0 turns the watch off).
+
+``vime-agent eval compare A B ... [out=DIR]`` puts reports (their folders or
+``report.json``) side by side: ``compare.md``, ``compare.json``, ``compare.png`` with the
+per-task differences to ``A`` (default out: ``eval-compare``).
+
+A crashed env, a dead sandbox or a lost engine ends its episode with a reason: the row
+shows it and the suite still completes. The RL loop's eval step
+(:func:`vime.rl.eval_step.evaluate`) writes the same metrics (``eval/pass@1``,
+``eval/reward``, ...) and the same report files.
+
+Example:
+    $ vime-agent eval ckpt=runs/20261130-061500-math suite=math
+    $ vime-agent eval ckpt=runs/20261130-061500-math step=20 suite=my_suite.yaml seed=1
+    $ vime-agent eval ckpt=http://10.0.0.5:8000 suite=tools limit=4
+    $ vime-agent eval compare runs/a/eval/math-step_000040 runs/b/eval/math-step_000040
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import re
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import vime.envs as envs
+from vime.agents.collector import Collector
+from vime.agents.policy_client import PolicyClient
+from vime.config import apply_overrides
+from vime.engine.config import EngineConfig
+from vime.engine.serve import serve_engine
+from vime.envs.tasks import Task
+from vime.errors import ConfigError
+from vime.eval.report import (
+    build_report,
+    compare_markdown,
+    compare_reports,
+    read_report,
+    task_rows,
+    write_report,
+)
+from vime.eval.suites import BUNDLED_SUITES, EvalSet, Suite, load_suite
+from vime.observability.config import TraceConfig
+from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
+from vime.runs.folder import is_run_folder
+from vime.types import Episode
+
+CLI_KEYS = ("ckpt", "suite", "out", "seed", "limit", "step", "tokenizer", "trace.lock_watch_s")
+
+
+# ---------------------------------------------------------------- running a suite
+
+
+def check_envs(suite: Suite) -> None:
+    """Make each set's env once and run its preflight check (:func:`vime.envs.preflight_env`),
+    so a wrong id or kwarg, or a Docker daemon that does not answer, fails before any
+    episode runs, naming the set.
+
+    Example:
+        >>> check_envs(load_suite("math"))
+    """
+    for s in suite.sets:
+        key = f"sets.{s.name}.env"
+        try:
+            envs.preflight_env(s.env, s.kwargs, key=key)
+        except ConfigError as err:
+            message = str(err).removeprefix(f"{key}: ")  # the set is named just before
+            raise ConfigError(
+                f"suite {suite.source or suite.name}: set {s.name!r}: {message}", key=err.key
+            ) from err
+
+
+async def _run_set(
+    policy: PolicyClient, tokenizer: Any, s: EvalSet, tasks: list[Task]
+) -> tuple[list[Episode], float]:
+    """Every task of one set ``n_samples`` times; returns the episodes and the wall time."""
+    collector = Collector(policy, tokenizer, s.collector)
+    t0 = time.perf_counter()
+    try:
+        episodes = await collector.collect(tasks, lambda: envs.make(s.env, **s.kwargs))
+    finally:
+        collector.close()
+    return episodes, time.perf_counter() - t0
+
+
+async def run_suite(
+    policy: PolicyClient,
+    tokenizer: Any,
+    suite: Suite,
+    meta: dict[str, Any],
+    tasks: dict[str, list[Task]] | None = None,
+) -> tuple[dict[str, Any], list[Episode]]:
+    """Run every set of ``suite``; returns the report (``meta`` + sets + rows) and every
+    episode. ``tasks`` (by set name) replaces a set's task file (the RL loop's held-out
+    tasks).
+
+    Example (skipped as a doctest: it needs a running vLLM server):
+        >>> report, episodes = await run_suite(policy, model_dir, load_suite("math"), {})  # doctest: +SKIP
+        >>> report["aggregate"]["pass@1"]  # doctest: +SKIP
+        0.25
+    """
+    check_envs(suite)
+    sets: list[dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
+    episodes: list[Episode] = []
+    for s in suite.sets:
+        found, wall_s = await _run_set(
+            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s)
+        )
+        rows += task_rows(s.name, s.env, found, s.k, s.success)
+        episodes += found
+        sets.append(_set_settings(s, wall_s))
+    suite_meta = {"suite": suite.name, "suite_file": suite.source, "description": suite.description}
+    return build_report({**suite_meta, **meta}, sets, rows), episodes
+
+
+def _set_settings(s: EvalSet, wall_s: float) -> dict[str, Any]:
+    """What the report records of a set: its settings and measured wall time."""
+    return {
+        "name": s.name,
+        "env": s.env,
+        "kwargs": s.kwargs,
+        "tasks": s.tasks,
+        "limit": s.limit,
+        "k": s.k,
+        "success": s.success,
+        "n_samples": s.collector.n_samples,
+        "seed": s.collector.seed,
+        "sampling": dataclasses.asdict(s.collector.sampling),
+        "max_turns": s.collector.max_turns,
+        "max_model_len": s.collector.max_model_len,
+        "wall_s": wall_s,
+    }
+
+
+def now() -> str:
+    """The report's ``created`` stamp (local time with its offset)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+# ---------------------------------------------------------------- what to evaluate
+
+
+@dataclass
+class Checkpoint:
+    """What ``ckpt=`` named: HF ``weights`` to launch an engine on, or an engine ``url``;
+    the ``tokenizer`` folder; and where reports go by default (``out``)."""
+
+    weights: Path | None
+    url: str
+    tokenizer: Path
+    out: Path
+
+
+def resolve_checkpoint(
+    ckpt: str, suite: str, *, step: int | None = None, tokenizer: str = ""
+) -> Checkpoint:
+    """``ckpt=`` (and ``step=``, ``tokenizer=``) as a :class:`Checkpoint`, or a
+    ConfigError naming the key and what to give instead.
+
+    Example:
+        >>> resolve_checkpoint("/nonexistent", "math")
+        Traceback (most recent call last):
+        ...
+        vime.errors.ConfigError: ckpt: /nonexistent does not exist; give an HF checkpoint folder, a run folder or an engine URL (http://host:port)
+    """
+    name = Path(suite).stem if suite.endswith((".yaml", ".yml")) else suite
+    if ckpt.startswith(("http://", "https://")):
+        if step is not None:
+            raise ConfigError("step: applies to a run folder, not to an engine URL", key="step")
+        folder = Path(tokenizer) if tokenizer else _served_model_folder(ckpt)
+        return Checkpoint(None, ckpt, folder, Path(f"eval-{name}"))
+    if tokenizer:
+        raise ConfigError(
+            "tokenizer: only for ckpt=URL (a folder brings its own tokenizer)", key="tokenizer"
+        )
+    path = Path(ckpt)
+    if not path.exists():
+        raise ConfigError(
+            f"ckpt: {path} does not exist; give an HF checkpoint folder, a run folder or an "
+            "engine URL (http://host:port)",
+            key="ckpt",
+        )
+    match = re.fullmatch(r"step_(\d+)", path.name)
+    if match and is_run_folder(path.parent.parent):  # run/checkpoints/step_N
+        path, step = path.parent.parent, int(match.group(1)) if step is None else step
+    if (path / "config.json").exists():
+        if step is not None:
+            raise ConfigError(f"step: {path} is an HF folder, not a run folder", key="step")
+        return Checkpoint(path, "", path, path / f"eval-{name}")
+    if not is_run_folder(path):
+        raise ConfigError(
+            f"ckpt: {path} is neither an HF checkpoint folder (config.json) nor a run folder "
+            "(config.yaml)",
+            key="ckpt",
+        )
+    weights, step = _run_weights(path, step)
+    return Checkpoint(weights, "", weights, path / "eval" / f"{name}-step_{step:06d}")
+
+
+def _published(folder: Path) -> dict[int, Path]:
+    """Whole weight exports by step (a killed sync leaves a ``vNNNNNN.partial``)."""
+    found = folder.glob("v*") if folder.exists() else []
+    return {
+        int(p.name[1:]): p for p in found if p.name[1:].isdigit() and (p / "config.json").exists()
+    }
+
+
+def _run_weights(run: Path, step: int | None) -> tuple[Path, int]:
+    """A run's HF weights at ``step`` (None: the newest): its export, or one made from the
+    step's trainer checkpoint (kept under ``eval/weights``)."""
+    exports = {**_published(run / "eval" / "weights"), **_published(run / "weights")}
+    if step is None:
+        if not exports:
+            raise ConfigError(
+                f"ckpt: {run} has no weights/v* export yet (no step finished?)", key="ckpt"
+            )
+        step = max(exports)
+    if step in exports:
+        return exports[step], step
+    checkpoint = run / "checkpoints" / f"step_{step:06d}"
+    if not (checkpoint / "state.json").exists():
+        steps = sorted(
+            {int(p.name[5:]) for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit()}
+        )
+        raise ConfigError(
+            f"step: {run} has no complete checkpoint or export of step {step}; "
+            f"checkpoints: {steps}, exports: {sorted(exports)}",
+            key="step",
+        )
+    from vime.runs.export import export_checkpoint
+
+    return export_checkpoint(run, checkpoint, run / "eval" / "weights" / f"v{step:06d}"), step
+
+
+def _served_model_folder(url: str) -> Path:
+    """The tokenizer of an attached engine: its served model's folder (``/v1/models`` root)."""
+    try:
+        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/models", timeout=10) as resp:
+            card = json.loads(resp.read())["data"][0]
+    except (OSError, ValueError, KeyError, IndexError) as err:
+        raise ConfigError(f"ckpt: cannot read {url}/v1/models ({err})", key="ckpt") from err
+    root = Path(str(card.get("root") or card.get("id") or ""))
+    if not (root / "config.json").exists():
+        raise ConfigError(
+            f"tokenizer: the engine at {url} serves {root}, not a folder here; give "
+            "tokenizer=DIR (an HF folder with the model's tokenizer)",
+            key="tokenizer",
+        )
+    return root
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
+    """``key=value`` arguments: the eval keys, and the ``engine.*`` overrides."""
+    keys: dict[str, str] = {}
+    engine: list[str] = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if not eq:
+            raise ConfigError(f"argument {arg!r} is not key=value (e.g. suite=math)", key=arg)
+        if key.startswith("engine."):
+            engine.append(arg.removeprefix("engine."))
+        elif key in CLI_KEYS:
+            keys[key] = value
+        else:
+            raise ConfigError(
+                f"unknown key {key!r}; eval takes {list(CLI_KEYS)} and engine.KEY=VALUE "
+                "(vime-agent eval --help)",
+                key=key,
+            )
+    for key in ("ckpt", "suite"):
+        if not keys.get(key):
+            raise ConfigError(
+                f"eval needs {key}= (e.g. ckpt=runs/RUN suite=math; bundled suites: "
+                f"{list(BUNDLED_SUITES)})",
+                key=key,
+            )
+    return keys, engine
+
+
+def _int(keys: dict[str, str], key: str) -> int | None:
+    if key not in keys:
+        return None
+    try:
+        return int(keys[key])
+    except ValueError:
+        raise ConfigError(f"{key}: expected an integer, got {keys[key]!r}", key=key) from None
+
+
+def _lock_watch_s(keys: dict[str, str]) -> float:
+    """``trace.lock_watch_s=`` checked as training checks it (:class:`TraceConfig`).
+
+    Example:
+        >>> _lock_watch_s({"trace.lock_watch_s": "30"}), _lock_watch_s({})
+        (30.0, 120.0)
+    """
+    text = keys.get("trace.lock_watch_s")
+    if text is None:
+        return LOCK_WATCH_S
+    try:
+        value = float(text)
+    except ValueError:
+        raise ConfigError(
+            f"trace.lock_watch_s: expected seconds, got {text!r}", key="trace.lock_watch_s"
+        ) from None
+    return TraceConfig(lock_watch_s=value).lock_watch_s
+
+
+@dataclass
+class _Engine:
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+
+
+def _engine_config(engine_args: list[str], suite: Suite, ckpt: Checkpoint) -> EngineConfig:
+    """The launched engine's settings: ``engine.*`` overrides, and a context window that
+    fits the suite's longest ``max_model_len`` unless ``engine.max_model_len`` is given."""
+    if ckpt.url and engine_args:
+        raise ConfigError(
+            "engine.*: apply only when eval launches the engine; ckpt is the running engine "
+            f"{ckpt.url}",
+            key="engine",
+        )
+    if any(a.startswith("url=") for a in engine_args):
+        raise ConfigError(
+            "engine.url: to evaluate a running engine give ckpt=URL (it serves its own weights, "
+            "not those of a folder)",
+            key="engine.url",
+        )
+    # Through a holder, so that errors name the full key (engine.dtype) and its neighbours.
+    cfg = apply_overrides(_Engine(), [f"engine.{a}" for a in engine_args]).engine
+    if not any(a.startswith("max_model_len=") for a in engine_args):
+        longest = max(s.collector.max_model_len for s in suite.sets)
+        cfg = dataclasses.replace(cfg, max_model_len=max(cfg.max_model_len, longest))
+    return cfg
+
+
+def main(argv: list[str]) -> int:
+    """``vime-agent eval ckpt=CKPT suite=SUITE [key=value ...]`` or ``eval compare A B ...``."""
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__)
+        return 0
+    if argv and argv[0] == "compare":
+        return compare_main(argv[1:])
+    keys, engine_args = _parse(argv)
+    watch_s = _lock_watch_s(keys)
+    suite = load_suite(keys["suite"]).with_settings(seed=_int(keys, "seed"))
+    if (limit := _int(keys, "limit")) is not None:
+        suite = suite.with_settings(limit=limit)
+    ckpt = resolve_checkpoint(
+        keys["ckpt"], keys["suite"], step=_int(keys, "step"), tokenizer=keys.get("tokenizer", "")
+    )
+    out = Path(keys.get("out") or ckpt.out)
+    engine_cfg = _engine_config(engine_args, suite, ckpt)
+    if ckpt.url:
+        engine_cfg = dataclasses.replace(engine_cfg, url=ckpt.url)
+    check_envs(suite)
+    with (
+        LockWatch(watch_s),  # env calls run in this process: one may hold the GIL
+        serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server,
+    ):
+        policy = PolicyClient.from_urls(server.url)
+        meta = {
+            "checkpoint": str(ckpt.weights or ckpt.url),
+            "engine": server.url if ckpt.url else "launched",
+            "seed": _int(keys, "seed"),
+            "created": now(),
+        }
+
+        async def run() -> tuple[dict[str, Any], list[Episode]]:
+            try:
+                return await run_suite(policy, ckpt.tokenizer, suite, meta)
+            finally:
+                await policy.aclose()
+
+        report, episodes = asyncio.run(run())
+    paths = write_report(report, episodes, out)
+    _print_summary(report)
+    print(f"report: {paths[0].parent} ({', '.join(p.name for p in paths)})", file=sys.stderr)
+    return 0
+
+
+def _print_summary(report: dict[str, Any]) -> None:
+    for s in [*report["sets"], {"name": "all", "aggregate": report["aggregate"]}]:
+        agg = s["aggregate"]
+        shown = {k: v for k, v in agg.items() if k.startswith("pass@")}
+        shown.update(reward=agg["reward"], error=agg["error"])
+        scores = "  ".join(f"{k} {v:.3f}" for k, v in shown.items())
+        print(f"{s['name']:<14} {scores}  tasks {agg['tasks']:.0f}  episodes {agg['episodes']:.0f}")
+
+
+def compare_main(argv: list[str]) -> int:
+    """``vime-agent eval compare A B ... [out=DIR]``: reports side by side.
+
+    Example (skipped as a doctest: it reads reports from disk):
+        >>> compare_main(["runs/a/eval/math-step_000040", "runs/b/eval/math-step_000040"])  # doctest: +SKIP
+        0
+    """
+    from vime.eval.plots import plot_compare
+
+    out = Path("eval-compare")
+    sources = []
+    for arg in argv:
+        if arg.startswith("out="):
+            out = Path(arg.removeprefix("out="))
+        else:
+            sources.append(arg)
+    if len(sources) < 2:
+        raise ConfigError("eval compare: give two or more reports (folders or report.json)")
+    comparison = compare_reports([read_report(s) for s in sources])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "compare.json").write_text(json.dumps(comparison, indent=1) + "\n")
+    text = compare_markdown(comparison)
+    (out / "compare.md").write_text(text)
+    plot_compare(comparison, out / "compare.png")
+    print(text.split("\n## Tasks")[0])
+    print(f"comparison: {out} (compare.md, compare.json, compare.png)", file=sys.stderr)
+    return 0

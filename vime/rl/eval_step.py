@@ -1,0 +1,74 @@
+"""The RL loop's evaluation step: the train config's env on its held-out tasks, run as
+``vime-agent eval`` runs a suite (:mod:`vime.eval`), writing the same report files and
+``eval/*`` metrics. The only eval code that sees :class:`TrainConfig`.
+
+Example:
+    >>> from vime.conf.compose import load_config
+    >>> training_suite(load_config([])).sets[0].env
+    'vime/Math-v0'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from vime.agents.policy_client import PolicyClient
+from vime.conf.train import TrainConfig
+from vime.envs.tasks import Task
+from vime.eval.evaluate import now, run_suite
+from vime.eval.report import metrics, write_report
+from vime.eval.suites import EvalSet, Suite
+
+
+async def evaluate(
+    policy: PolicyClient,
+    model_dir: Path,
+    cfg: TrainConfig,
+    tasks: list[Task],
+    run_root: Path | None = None,
+    step: int = 0,
+) -> dict[str, float]:
+    """The RL loop's eval: greedy on the held-out ``tasks``; returns ``eval/*`` metrics (the
+    report's aggregates). With ``run_root``, the report files go to
+    ``run_root/eval/step_NNNNNN/``, as ``vime-agent eval`` writes them.
+
+    Example (skipped as a doctest: it needs a running vLLM server):
+        >>> (await evaluate(policy, model_dir, cfg, tasks, run.root, 10))["eval/pass@1"]  # doctest: +SKIP
+        0.75
+    """
+    suite = training_suite(cfg)
+    meta = {"checkpoint": str(model_dir), "step": step, "created": now()}
+    report, episodes = await run_suite(
+        policy, model_dir, suite, meta, tasks={suite.sets[0].name: tasks}
+    )
+    if run_root is not None:
+        write_report(report, episodes, Path(run_root) / "eval" / f"step_{step:06d}")
+    return metrics(report)
+
+
+def training_suite(cfg: TrainConfig) -> Suite:
+    """The suite the RL loop evaluates on: the train config's env on its held-out tasks
+    (``env.eval_tasks``/``env.eval_size``), one greedy episode per task.
+
+    Example:
+        >>> from vime.conf.compose import load_config
+        >>> s = training_suite(load_config(["env=tools"])).sets[0]
+        >>> s.env, s.collector.sampling.temperature, s.collector.n_samples
+        ('vime/Tools-v0', 0.0, 1)
+    """
+    collector = dataclasses.replace(
+        cfg.rollout.collector,
+        n_samples=1,
+        sampling=dataclasses.replace(cfg.rollout.collector.sampling, temperature=0.0),
+        progress=False,
+    )
+    held_out = EvalSet(
+        name=cfg.env.id.split("/")[-1].split("-")[0].lower(),
+        env=cfg.env.id,
+        kwargs=dict(cfg.env.kwargs),
+        tasks=cfg.env.eval_tasks or "env.eval_tasks (the training source's held-out draw)",
+        limit=cfg.env.eval_size or None,
+        collector=collector,
+    )
+    return Suite("training", [held_out], description="the RL loop's held-out evaluation")

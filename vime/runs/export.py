@@ -1,0 +1,125 @@
+"""A run's trainer (Megatron) checkpoint as an HF folder that transformers and vLLM load.
+
+``vime-agent export RUN [step=N] --out DIR`` rebuilds the trainer with the run's settings
+on the run's architecture, loads ``RUN/checkpoints/step_N`` (default: the newest complete
+one) and writes its weights in the HF layout (names and dtypes of the run's own weight
+exports) with the config and tokenizer. ``DIR`` is written as ``DIR.partial`` and renamed
+once whole, so a killed export never looks like weights. :func:`export_checkpoint` is the
+same export that ``vime-agent eval ckpt=RUN step=N`` uses when the run no longer keeps
+that step's weights.
+
+Example:
+    $ vime-agent export runs/20261130-061500-math step=20 --out /tmp/math-step20
+    $ python -c "import transformers; transformers.AutoModelForCausalLM.from_pretrained('/tmp/math-step20')"
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+from pathlib import Path
+
+from vime.errors import ConfigError
+from vime.runs.folder import run_folder
+
+
+def _published_weights(run: Path) -> list[Path]:
+    """The run's whole weight exports (``weights/vNNNNNN`` with a config), oldest first."""
+    found = (run / "weights").glob("v*") if (run / "weights").exists() else []
+    return sorted(p for p in found if p.name[1:].isdigit() and (p / "config.json").exists())
+
+
+def export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
+    """HF weights from a step's trainer checkpoint: the run's trainer settings, on the
+    architecture (and tokenizer) of the run's newest export, else of the model it started
+    from (``model.path``, or the tiny model when that is empty). Returns ``dest``.
+
+    Example (skipped as a doctest: it builds a trainer):
+        >>> export_checkpoint(Path("runs/r"), Path("runs/r/checkpoints/step_000002"),
+        ...                   Path("/tmp/r-step2"))  # doctest: +SKIP
+        PosixPath('/tmp/r-step2')
+    """
+    from omegaconf import OmegaConf
+
+    from vime.models.tiny import build_tiny_model
+    from vime.trainer.step import Trainer, TrainerConfig
+
+    saved = OmegaConf.load(run / "config.yaml")
+    like = _published_weights(run)
+    started = str(OmegaConf.select(saved, "model.path") or "")
+    base = like[-1] if like else Path(started) if started else build_tiny_model()
+    if not (base / "config.json").exists():
+        raise ConfigError(
+            f"step: cannot export {checkpoint}: the run has no weights export and its "
+            f"model.path {started} is not an HF folder (no config.json)",
+            key="step",
+        )
+    trainer_cfg = OmegaConf.merge(
+        OmegaConf.structured(TrainerConfig), OmegaConf.select(saved, "trainer") or {}
+    )
+    trainer = Trainer(base, OmegaConf.to_object(trainer_cfg))  # type: ignore[arg-type]
+    trainer.load_checkpoint(checkpoint / "trainer")
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)  # what an earlier killed export left
+    trainer.export_hf(partial)
+    partial.rename(dest)  # whole or absent: a killed export is not taken for weights
+    return dest
+
+
+def run_checkpoints(run: Path) -> dict[int, Path]:
+    """The run's complete trainer checkpoints by step (``state.json`` marks one complete).
+
+    Example:
+        >>> run_checkpoints(Path("/nonexistent"))
+        {}
+    """
+    found = (run / "checkpoints").glob("step_*") if (run / "checkpoints").exists() else []
+    return {
+        int(p.name[5:]): p
+        for p in found
+        if re.fullmatch(r"step_\d{6}", p.name) and (p / "state.json").exists()
+    }
+
+
+def _parse(argv: list[str]) -> tuple[Path, int | None, Path]:
+    parser = argparse.ArgumentParser(
+        prog="vime-agent export",
+        description="Write a run's trainer checkpoint as an HF folder (transformers, vLLM).",
+    )
+    parser.add_argument("run", help="the run folder (runs/NAME)")
+    parser.add_argument("step", nargs="?", default="", help="step=N (default: the newest)")
+    parser.add_argument("--out", required=True, help="the HF folder to write (must not exist)")
+    args = parser.parse_args(argv)
+    step: int | None = None
+    if args.step:
+        key, _, value = args.step.partition("=")
+        if key != "step" or not value.isdigit():
+            raise ConfigError(f"{args.step!r}: expected step=N (an integer)", key="step")
+        step = int(value)
+    return Path(args.run), step, Path(args.out)
+
+
+def main(argv: list[str]) -> int:
+    """``vime-agent export RUN [step=N] --out DIR``; prints the folder written."""
+    run, step, out = _parse(argv)
+    run_folder(run, key="run")
+    if out.exists() and any(out.iterdir()):
+        raise ConfigError(f"out: {out} exists and is not empty; give a new folder", key="out")
+    checkpoints = run_checkpoints(run)
+    if not checkpoints:
+        raise ConfigError(f"run: {run} has no complete checkpoint yet", key="run")
+    step = max(checkpoints) if step is None else step
+    if step not in checkpoints:
+        raise ConfigError(
+            f"step: {run} has no complete checkpoint of step {step}; steps: {sorted(checkpoints)}",
+            key="step",
+        )
+    if out.exists():
+        out.rmdir()  # empty: the export renames its whole folder into place
+    out.parent.mkdir(parents=True, exist_ok=True)
+    export_checkpoint(run, checkpoints[step], out)
+    print(f"step {step} of {run} -> {out}", file=sys.stderr)
+    print(out)
+    return 0
