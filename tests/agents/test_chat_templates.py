@@ -15,8 +15,9 @@ import re
 from typing import Any
 
 import pytest
-from _agent_envs import ADD_TOOL
 
+from tests._fakes import ADD_TOOL
+from tests._train import quick_train
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.completion import parse_completion
 from vime.agents.turn_samples import sample_spans
@@ -198,25 +199,21 @@ def test_rl_steps_train_per_turn_samples_with_the_qwen3_template(shared_engine, 
         '"arguments": {"expression": "1+1"}}\n</tool_call>'
     )
     cfg = load_config(
-        [
-            f"engine.url={shared_engine.url}",
-            f"run_root={tmp_path}",
+        quick_train(
+            shared_engine.url,
+            tmp_path,
             "env=tools",
             "env.kwargs.max_turns=4",
-            "model.warm_start_steps=0",
             "model.chat_template=qwen3",
             "rollout.collector.sample_per_turn=true",
-            "rollout.batch_size=2",
-            "rollout.collector.n_samples=2",
-            "rollout.filter_groups=false",
             "rollout.collector.sampling.max_tokens=120",
             "rollout.collector.max_model_len=1024",
             "engine.max_model_len=1024",
             "steps=2",
-            "eval_every=0",
             "save_every=0",
-            "plot=false",
-        ]
+            batch=2,
+            samples=2,
+        )
     )
     cfg.rollout.collector.sampling.extra_body = {"structured_outputs": {"regex": re.escape(turn)}}
     result = train(cfg)

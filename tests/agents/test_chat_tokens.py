@@ -21,13 +21,6 @@ OPENING = [
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 @pytest.fixture()
 def thinking_tok(tiny_model_dir):
     """The tiny template, changed the way Qwen3's is: earlier turns lose their <think> block."""

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _agent_envs import TOOL_CALL_REGEX, CrashEnv, SlowEnv, ToolTurnsEnv
 
+from tests._fakes import TOOL_CALL_REGEX, CrashEnv, SlowEnv, ToolTurnsEnv
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.buffer import DataBuffer
 from vime.models.tiny import TINY_CHAT_TEMPLATE
@@ -62,13 +62,6 @@ def collect(url, tokenizer, env_factory, tasks=TASKS, **config) -> tuple[list[Ep
             collector.close()
 
     return asyncio.run(run()), raw
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 # One regex per path, so that each path is reached on any device: with the union regex
@@ -297,7 +290,7 @@ KILLED_COLLECTOR = textwrap.dedent(
     """
     import asyncio, sys
     sys.path[:0] = [{root!r}, {here!r}]
-    from _agent_envs import ToolTurnsEnv
+    from tests._fakes import ToolTurnsEnv
     from vime.agents import Collector, CollectorConfig, PolicyClient
     from vime.buffer import DataBuffer
     from vime.types import SamplingParams

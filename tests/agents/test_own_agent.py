@@ -71,13 +71,6 @@ def with_endpoint(url: str, tok: Any, work: Any, **config: Any) -> Any:
     return asyncio.run(main())
 
 
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def test_example_agent_episodes_are_token_exact(vllm_server, tok) -> None:
     async def play(endpoint: AgentEndpoint) -> list[Episode]:
         # One at a time: each episode's vLLM responses are consecutive in the record.

@@ -17,27 +17,14 @@ from typing import Any
 import httpx
 import pytest
 
+from tests._fakes import QuestionEnv
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.engine.client import EngineClient
-from vime.envs import Env
 from vime.types import EpisodeStatus, SamplingParams
 
 pytestmark = pytest.mark.engine
 
 ANSWER_TOKENS = 300
-
-
-class LongAnswerEnv(Env):
-    """One turn: the policy writes ``ANSWER_TOKENS`` tokens (``ignore_eos``), then it ends."""
-
-    env_id = "test/LongAnswer-v0"
-
-    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
-        super().reset(seed=seed, options=options)
-        return [{"role": "user", "content": "Write at length."}], {}
-
-    def step(self, action):
-        return [], 1.0, True, False, {}
 
 
 def generated_tokens(url: str) -> float:
@@ -91,7 +78,9 @@ def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(
 
     async def run():
         try:
-            return await collector.collect([{"id": "long"}], LongAnswerEnv)
+            return await collector.collect(
+                [{"id": "long"}], lambda: QuestionEnv("Write at length.")
+            )
         finally:
             await policy.aclose()
             collector.close()

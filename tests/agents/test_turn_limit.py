@@ -8,9 +8,9 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from _agent_envs import ToolTurnsEnv
 
 import vime
+from tests._fakes import ToolTurnsEnv
 from vime.agents import Collector, CollectorConfig, episode
 from vime.agents.episode import FALLBACK_MAX_TURNS, EpisodeRun
 from vime.agents.policy_client import Completion
@@ -39,13 +39,6 @@ class ScriptedClient:
 
     def release(self, session: str) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def made(**kwargs: Any) -> tuple[Callable[[], Any], list[ToolTurnsEnv]]:

@@ -18,28 +18,21 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
 def openai_client(vllm_server):
     from openai import OpenAI
 
     return OpenAI(base_url=vllm_server.openai_base_url, api_key="EMPTY", timeout=60)
 
 
-def _prompt_ids(tokenizer, question: str) -> list[int]:
-    text = tokenizer.apply_chat_template(
+def _prompt_ids(tok, question: str) -> list[int]:
+    text = tok.apply_chat_template(
         [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
     )
-    return tokenizer.encode(text, add_special_tokens=False)
+    return tok.encode(text, add_special_tokens=False)
 
 
-def test_completion_from_token_ids_returns_ids_and_logprobs(vllm_server, openai_client, tokenizer):
-    prompt = _prompt_ids(tokenizer, "What is 37+58?")
+def test_completion_from_token_ids_returns_ids_and_logprobs(vllm_server, openai_client, tok):
+    prompt = _prompt_ids(tok, "What is 37+58?")
     out = openai_client.completions.create(
         model=vllm_server.model_name,
         prompt=prompt,
@@ -54,15 +47,15 @@ def test_completion_from_token_ids_returns_ids_and_logprobs(vllm_server, openai_
     token_ids = extra["token_ids"]
     assert extra["prompt_token_ids"] == prompt
     assert 0 < len(token_ids) <= 48
-    assert all(0 <= t < len(tokenizer) for t in token_ids)
+    assert all(0 <= t < len(tok) for t in token_ids)
     # vLLM's text is decoded with skip_special_tokens=True.
-    assert tokenizer.decode(token_ids, skip_special_tokens=True) == choice.text
+    assert tok.decode(token_ids, skip_special_tokens=True) == choice.text
     logprobs = choice.logprobs.token_logprobs
     assert len(logprobs) == len(token_ids)
     assert all(lp <= 0.0 for lp in logprobs)
 
 
-def _greedy(vllm_server, tokenizer, questions: list[str]) -> list[list[int]]:
+def _greedy(vllm_server, tok, questions: list[str]) -> list[list[int]]:
     import httpx
 
     outs = []
@@ -71,7 +64,7 @@ def _greedy(vllm_server, tokenizer, questions: list[str]) -> list[list[int]]:
             vllm_server.openai_base_url + "/completions",
             json={
                 "model": vllm_server.model_name,
-                "prompt": _prompt_ids(tokenizer, q),
+                "prompt": _prompt_ids(tok, q),
                 "max_tokens": 12,
                 "temperature": 0.0,
                 "ignore_eos": True,
@@ -97,23 +90,23 @@ def _perturbed_copy(src, dst, seed: int = 0):
 
 
 def test_reload_changed_weights_changes_outputs_and_back(
-    vllm_server, tokenizer, tiny_model_dir, tmp_path
+    vllm_server, tok, tiny_model_dir, tmp_path
 ):
     questions = ["What is 37+58?", "Hello!", "What is 1+1?"]
     client = EngineClient(vllm_server.url)
     version_before = client.get_weight_version()
-    before = _greedy(vllm_server, tokenizer, questions)
+    before = _greedy(vllm_server, tok, questions)
     perturbed = _perturbed_copy(tiny_model_dir, tmp_path / "perturbed")
     try:
         update = client.update_weights_from_disk(perturbed, "perturbed-1")
         assert update.prefix_cache_reset
         assert client.get_weight_version() == "perturbed-1"
         assert not client.is_paused()
-        changed = _greedy(vllm_server, tokenizer, questions)
+        changed = _greedy(vllm_server, tok, questions)
         assert changed != before
     finally:
         client.update_weights_from_disk(tiny_model_dir, version_before or "0")
-    assert _greedy(vllm_server, tokenizer, questions) == before
+    assert _greedy(vllm_server, tok, questions) == before
     assert client.get_weight_version() == (version_before or "0")
 
 

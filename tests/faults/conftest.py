@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _sandbox_episodes import own_dockerd
+
+from tests.faults._sandbox_episodes import own_dockerd
 
 
 @pytest.fixture(scope="session")

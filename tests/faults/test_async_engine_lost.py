@@ -17,7 +17,9 @@ import os
 import signal
 
 import pytest
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     check_buffer,
     engine_port,
     requests_running,
@@ -36,21 +38,18 @@ BATCH, SAMPLES, STEPS = 16, 4, 3
 
 
 def test_engine_sigkilled_during_the_overlapped_collection_is_restarted_and_retried(tmp_path):
-    args = [
+    args = quick_train(
+        None,
+        tmp_path,
         "placement.engines_per_node=1",
         "rollout.mode=async",
         f"steps={STEPS}",
-        f"rollout.batch_size={BATCH}",
-        f"rollout.collector.n_samples={SAMPLES}",
         # Long answers keep step 3's requests running while the test looks: at 32 tokens
         # they ended 0.26 s after the pause began on a quiet machine; at 768, 3.8 s.
         "rollout.collector.sampling.max_tokens=768",
-        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+        batch=BATCH,
+        samples=SAMPLES,
+    )
     log = tmp_path / "train.log"
     proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="train:2", VIME_TEST_PAUSE_S="6")
     try:

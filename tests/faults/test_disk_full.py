@@ -17,8 +17,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _faults import check_buffer, rows, run_folder, start_train, tail
 
+from tests._train import quick_train
+from tests.faults._faults import check_buffer, rows, run_folder, start_train, tail
 from vime.buffer import DataBuffer
 from vime.errors import DiskFullError
 from vime.observability.metrics import MetricsLog
@@ -122,19 +123,13 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
     root = tmp_path / "runs"
     root.mkdir()
     _mount(root, "30m")
-    args = [
-        f"engine.url={shared_engine.url}",
+    args = quick_train(
+        shared_engine.url,
+        root,
         "steps=4",
         "save_every=1",
-        "rollout.batch_size=4",
-        "rollout.collector.n_samples=4",
         "rollout.collector.sampling.max_tokens=24",
-        "rollout.filter_groups=false",
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={root}",
-    ]
+    )
     try:
         proc = start_train(tmp_path, args)
         assert proc.wait(timeout=300) == 2, tail(tmp_path / "train.log")

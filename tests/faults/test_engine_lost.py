@@ -15,7 +15,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     check_buffer,
     engine_metric,
     engine_port,
@@ -33,19 +35,16 @@ BATCH, SAMPLES, STEPS = 16, 8, 3
 
 
 def _args(tmp_path: Path, *extra: str) -> list[str]:
-    return [
+    return quick_train(
+        None,
+        tmp_path,
         "placement.engines_per_node=1",
         f"steps={STEPS}",
-        f"rollout.batch_size={BATCH}",
-        f"rollout.collector.n_samples={SAMPLES}",
         "rollout.collector.sampling.max_tokens=32",  # a rollout long enough to land in
-        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
         *extra,
-    ]
+        batch=BATCH,
+        samples=SAMPLES,
+    )
 
 
 def _lose_engine_mid_rollout(

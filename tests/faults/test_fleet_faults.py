@@ -17,8 +17,9 @@ import time
 from pathlib import Path
 
 import pytest
-from _faults import rows, server_pid
 
+from tests._train import quick_train
+from tests.faults._faults import rows, server_pid
 from vime.buffer import DataBuffer
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -28,17 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_an_engine_killed_mid_step(tiny_model_dir, tmp_path):
     batch, samples = 32, 8
-    args = [
+    args = quick_train(
+        None,
+        tmp_path,
         "placement.engines_per_node=2",
         "steps=3",
-        f"rollout.batch_size={batch}",
-        f"rollout.collector.n_samples={samples}",
-        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+        batch=batch,
+        samples=samples,
+    )
     log = (tmp_path / "train.log").open("wb")
     proc = subprocess.Popen(
         [sys.executable, "-m", "vime.cli", "train", *args],

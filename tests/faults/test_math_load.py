@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 
 import pytest
-from _faults import descendants, engine_metric, server_pid, still_running
+
+from tests.faults._faults import descendants, engine_metric, server_pid, still_running
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

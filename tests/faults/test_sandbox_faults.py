@@ -15,9 +15,9 @@ import uuid
 from typing import Any
 
 import pytest
-from _faults import wait_for
-from _sandbox_episodes import collect, labelled, running
 
+from tests.faults._faults import wait_for
+from tests.faults._sandbox_episodes import collect, labelled, running
 from vime.sandbox import SandboxConfig, base_image_tag, build_base_image
 from vime.sandbox.client import docker_client
 from vime.types import Episode, EpisodeStatus
@@ -31,13 +31,6 @@ SCRIPT: dict[str, str | None] = {
     "slow": "import time\ntime.sleep(3)\nprint('done')\n",
     "nosandbox": None,  # submits at once: never creates a sandbox
 }
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def _sandbox(tag: str, host: str) -> SandboxConfig:

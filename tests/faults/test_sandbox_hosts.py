@@ -13,9 +13,9 @@ import uuid
 from typing import Any
 
 import pytest
-from _faults import wait_for
-from _sandbox_episodes import collect, labelled, running
 
+from tests.faults._faults import wait_for
+from tests.faults._sandbox_episodes import collect, labelled, running
 from vime.sandbox import SandboxConfig, base_image_tag
 from vime.sandbox.leases import close_pools, host_label, pool_for, take_figures
 from vime.types import EpisodeStatus
@@ -29,13 +29,6 @@ SCRIPT: dict[str, str | None] = {
 }
 SLEEPERS = [f"sleep{i}" for i in range(8)]
 QUICK = [f"quick{i}" for i in range(8)]
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 @pytest.fixture

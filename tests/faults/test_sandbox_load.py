@@ -16,9 +16,9 @@ import uuid
 from pathlib import Path
 
 import pytest
-from _faults import descendants, wait_for
-from _sandbox_episodes import collect, labelled
 
+from tests.faults._faults import descendants, wait_for
+from tests.faults._sandbox_episodes import collect, labelled
 from vime.sandbox import SandboxConfig, build_base_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]

@@ -13,7 +13,9 @@ import os
 import signal
 
 import pytest
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     check_buffer,
     descendants,
     engine_port,
@@ -24,26 +26,21 @@ from _faults import (
     still_running,
     wait_for,
 )
-
 from vime.engine.server import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 
 def test_sigint_saves_stops_the_engine_and_resumes(tmp_path):
-    args = [
+    args = quick_train(
+        None,
+        tmp_path,
         "placement.engines_per_node=1",
         "steps=30",
         "save_every=0",  # no checkpoint before the last step: the one found is Ctrl-C's
-        "rollout.batch_size=16",
-        "rollout.collector.n_samples=4",
         "rollout.collector.sampling.max_tokens=32",
-        "rollout.filter_groups=false",
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+        batch=16,
+    )
     proc = start_train(tmp_path, args)
     try:
         run = wait_for(

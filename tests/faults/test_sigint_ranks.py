@@ -18,7 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     ROOT,
     check_buffer,
     descendants,
@@ -30,7 +32,6 @@ from _faults import (
     tail,
     wait_for,
 )
-
 from vime.engine.server import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -53,20 +54,16 @@ def _torchrun(tmp_path: Path, args: list[str], log_name: str) -> subprocess.Pope
 
 
 def test_ctrl_c_on_two_torchrun_ranks_saves_stops_everything_and_resumes(shared_engine, tmp_path):
-    args = [
+    args = quick_train(
+        None,
+        tmp_path,
         "placement.tp=2",
         "placement.engines_per_node=1",
         "steps=30",
         "save_every=0",  # no checkpoint before the last step: the one found is Ctrl-C's
-        "rollout.batch_size=8",
-        "rollout.collector.n_samples=4",
         "rollout.collector.sampling.max_tokens=32",
-        "rollout.filter_groups=false",
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+        batch=8,
+    )
     log = tmp_path / "train.log"
     proc = _torchrun(tmp_path, args, log.name)
     try:

@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     check_buffer,
     data_position,
     kill_group,
@@ -36,7 +38,6 @@ from _faults import (
     wait_for,
     wait_log,
 )
-
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient
 
@@ -46,19 +47,13 @@ STEPS = 5
 
 
 def _args(url: str, tmp_path: Path) -> list[str]:
-    return [
-        f"engine.url={url}",
+    return quick_train(
+        url,
+        tmp_path,
         f"steps={STEPS}",
         "save_every=1",
-        "rollout.batch_size=4",
-        "rollout.collector.n_samples=4",
         "rollout.collector.sampling.max_tokens=24",
-        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+    )
 
 
 def _killed_at(tmp_path: Path, args: list[str], name: str, point: str) -> None:

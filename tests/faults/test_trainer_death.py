@@ -18,7 +18,9 @@ import signal
 from pathlib import Path
 
 import pytest
-from _faults import (
+
+from tests._train import quick_train
+from tests.faults._faults import (
     check_buffer,
     descendants,
     rows,
@@ -49,20 +51,14 @@ def _trainer_pid(driver: int) -> int:
 
 
 def test_trainer_process_killed_then_resumed_loses_nothing(shared_engine, tmp_path):
-    args = [
-        f"engine.url={shared_engine.url}",
+    args = quick_train(
+        shared_engine.url,
+        tmp_path,
         "rollout.mode=async",
         f"steps={STEPS}",
         "save_every=1",
-        "rollout.batch_size=4",
-        "rollout.collector.n_samples=4",
         "rollout.collector.sampling.max_tokens=16",
-        "rollout.filter_groups=false",  # the random model earns no reward: train anyway
-        "model.warm_start_steps=0",
-        "eval_every=0",
-        "plot=false",
-        f"run_root={tmp_path}",
-    ]
+    )
     try:
         # 1. The trainer process dies; the loop says so and stops.
         log = tmp_path / "train.log"

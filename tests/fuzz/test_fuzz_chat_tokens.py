@@ -12,11 +12,10 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
-import pytest
-from _fuzz import fuzz, hostile, json_values, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz._fuzz import fuzz, hostile, json_values, nasty_text
 from vime.agents.chat_tokens import ChatTokens
 from vime.errors import TemplateError
 from vime.models.tiny import IM_END_ID
@@ -35,13 +34,6 @@ def message(draw: st.DrawFn, role: Any = None) -> dict[str, Any]:
     if draw(st.integers(0, 9)):  # now and then no content at all
         msg["content"] = draw(contents)
     return msg
-
-
-@pytest.fixture(scope="module")
-def tok(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
 def check_invariants(chat: ChatTokens, sampled: list[list[int]]) -> None:

@@ -13,10 +13,10 @@ from typing import Any
 
 import numpy as np
 import pytest
-from _fuzz import fuzz, json_values, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz._fuzz import fuzz, json_values, nasty_text
 from vime.envs import Env, check_env, run_checks
 from vime.envs.checker import CHECKS
 from vime.envs.cli import check_main

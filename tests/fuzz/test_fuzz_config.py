@@ -7,10 +7,10 @@ Hydra) on fewer examples, as each call composes the whole config (~1 s here).
 
 from __future__ import annotations
 
-from _fuzz import fuzz, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz._fuzz import fuzz, nasty_text
 from vime.conf.compose import load_config
 from vime.conf.train import TrainConfig
 from vime.config import apply_overrides, field_names

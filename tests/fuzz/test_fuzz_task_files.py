@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fuzz import fuzz, json_values, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz._fuzz import fuzz, json_values, nasty_text
 from vime.envs.tasks import TaskSource, load_tasks, read_records
 from vime.errors import DataError
 from vime.suites.math.data import load_math_jsonl

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from _fuzz import broken_json, fuzz, hostile_text, json_values, nasty_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from tests.fuzz._fuzz import broken_json, fuzz, hostile_text, json_values, nasty_text
 from vime.agents.tool_parsers import PARSERS, parse_tool_calls
 from vime.types import MAX_LISTED_ERRORS, Action
 

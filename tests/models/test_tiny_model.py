@@ -66,13 +66,6 @@ def _digests(folder: Path) -> dict[str, str]:
     return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir())}
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def test_build_is_deterministic(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("VIME_CACHE_DIR", str(tmp_path / "cache"))
     fresh = build_tiny_model(tmp_path / "out")
@@ -108,50 +101,48 @@ def test_loads_in_transformers(tiny_model_dir):
     assert gen["eos_token_id"] == tiny.IM_END_ID
 
 
-def test_tokenizer_tokens(tokenizer):
-    assert len(tokenizer) == 512
-    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == tiny.EOS_TOKEN_ID
+def test_tokenizer_tokens(tok):
+    assert len(tok) == 512
+    assert tok.eos_token == "<|im_end|>" and tok.eos_token_id == tiny.EOS_TOKEN_ID
     for token in (*tiny.SPECIAL_TOKENS, *tiny.ADDED_TOKENS):
-        assert len(tokenizer.encode(token, add_special_tokens=False)) == 1, token
-    ids = tokenizer.encode("What is 37+58? \\boxed{95} 2026", add_special_tokens=False)
-    pieces = [tokenizer.decode([i]) for i in ids]
+        assert len(tok.encode(token, add_special_tokens=False)) == 1, token
+    ids = tok.encode("What is 37+58? \\boxed{95} 2026", add_special_tokens=False)
+    pieces = [tok.decode([i]) for i in ids]
     assert "\\boxed{" in pieces
     assert all(not (any(c.isdigit() for c in p) and len(p.strip()) > 1) for p in pieces), pieces
     # Tool-call markers survive skip_special_tokens (vLLM decodes with it); im_end does not.
     text = "<tool_call>\n{}\n</tool_call><|im_end|>"
-    decoded = tokenizer.decode(
-        tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=True
-    )
+    decoded = tok.decode(tok.encode(text, add_special_tokens=False), skip_special_tokens=True)
     assert decoded == "<tool_call>\n{}\n</tool_call>"
 
 
-def test_raw_tokenizers_library_agrees_with_transformers(tokenizer, tiny_model_dir):
+def test_raw_tokenizers_library_agrees_with_transformers(tok, tiny_model_dir):
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(str(tiny_model_dir / "tokenizer.json"))
     for text in ["Hello   world\n\n  x", "héllo 日本 a1b22 4.5e-3", "def f(x):\n\treturn x\n"]:
-        assert raw.encode(text).ids == tokenizer.encode(text, add_special_tokens=False)
+        assert raw.encode(text).ids == tok.encode(text, add_special_tokens=False)
 
 
-def _render(tokenizer, messages, **kw) -> list[int]:
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **kw)
-    return tokenizer.encode(text, add_special_tokens=False)
+def _render(tok, messages, **kw) -> list[int]:
+    text = tok.apply_chat_template(messages, tokenize=False, **kw)
+    return tok.encode(text, add_special_tokens=False)
 
 
 @pytest.mark.parametrize("tools", [None, TOOLS], ids=["no-tools", "tools"])
-def test_chat_template_is_append_only(tokenizer, tools):
+def test_chat_template_is_append_only(tok, tools):
     for k in range(1, len(CONVERSATION)):
-        before = _render(tokenizer, CONVERSATION[:k], tools=tools)
-        after = _render(tokenizer, CONVERSATION[: k + 1], tools=tools)
+        before = _render(tok, CONVERSATION[:k], tools=tools)
+        after = _render(tok, CONVERSATION[: k + 1], tools=tools)
         assert after[: len(before)] == before, f"render of messages[:{k}] is not a prefix"
         if CONVERSATION[k]["role"] == "assistant":
             # prompt + sampled tokens: the generation prompt is a prefix of the assistant turn.
-            prompt = _render(tokenizer, CONVERSATION[:k], tools=tools, add_generation_prompt=True)
+            prompt = _render(tok, CONVERSATION[:k], tools=tools, add_generation_prompt=True)
             assert after[: len(prompt)] == prompt
 
 
-def test_chat_template_renders_tools_hermes_style(tokenizer):
-    text = tokenizer.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
+def test_chat_template_renders_tools_hermes_style(tok):
+    text = tok.apply_chat_template(CONVERSATION, tools=TOOLS, tokenize=False)
     assert text.startswith("<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n")
     assert '<tools>\n{"type": "function", "function": {"name": "calculator"' in text
     assert (
@@ -169,9 +160,7 @@ def test_chat_template_renders_tools_hermes_style(tokenizer):
         '<|im_start|>assistant\n<tool_call>\n{"name": "calculator", "arguments": '
         '{"expression": "1+1"}}\n</tool_call><|im_end|>\n'
     )
-    prompt = tokenizer.apply_chat_template(
-        CONVERSATION[:2], tokenize=False, add_generation_prompt=True
-    )
+    prompt = tok.apply_chat_template(CONVERSATION[:2], tokenize=False, add_generation_prompt=True)
     assert prompt == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\nWhat is 37+58?<|im_end|>\n<|im_start|>assistant\n"

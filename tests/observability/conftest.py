@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from _observed import ObservedRun, observe_a_run
+
+from tests.observability._observed import ObservedRun, observe_a_run
 
 
 @pytest.fixture(scope="session")

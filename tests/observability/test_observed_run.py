@@ -11,8 +11,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from _observed import cli
 
+from tests.observability._observed import cli
 from vime.buffer import DataBuffer
 from vime.observability.metrics import MetricsLog
 from vime.observability.trace import EPISODE_LANE_BASE, KINDS

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._train import quick_train
 from vime.conf.compose import load_config
 from vime.rl.loop import train
 
@@ -37,26 +38,21 @@ def _overrides(tmp_path: Path, url: str, *extra: str) -> list[str]:
             for i, (q, a) in enumerate(TASKS)
         )
     )
-    return [
-        f"engine.url={url}",
-        f"run_root={tmp_path}",
-        "model.warm_start_steps=0",
+    return quick_train(
+        url,
+        tmp_path,
         "env=math",
         f"env.tasks.path={tasks}",
-        "rollout.batch_size=2",
-        "rollout.collector.n_samples=4",
         f"+rollout.collector.sampling.extra_body.structured_outputs.regex='{ANSWER}'",
-        "rollout.filter_groups=false",  # a group's rewards are all equal: train on them anyway
         "rollout.advantage=gae",
         "rollout.gamma=0.99",
         "critic.lr=1e-3",
         "critic.updates=2",
         "critic.value_clip=0.5",
-        "eval_every=0",
         "save_every=1",
-        "plot=false",
         *extra,
-    ]
+        batch=2,
+    )
 
 
 def test_gae_trains_the_critic_and_resumes_it(shared_engine, tmp_path):

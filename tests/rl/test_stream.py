@@ -13,6 +13,7 @@ import json
 
 import pytest
 
+from tests._train import quick_train
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
 from vime.rl.loop import train
@@ -51,23 +52,19 @@ def test_async_takes_groups_as_they_finish_and_loses_none(shared_engine, tmp_pat
     monkeypatch.syspath_prepend(str(tmp_path))
     steps, batch = 3, 2
     cfg = load_config(
-        [
-            f"engine.url={shared_engine.url}",
-            f"run_root={tmp_path}",
+        quick_train(
+            shared_engine.url,
+            tmp_path,
             "env.id=slow_first:stream/SlowFirst-v0",
             f"env.tasks.path={tasks}",
             "env.tasks.shuffle=false",
-            "model.warm_start_steps=0",
             "rollout.mode=async",
             "rollout.max_staleness=1",
-            f"rollout.batch_size={batch}",
-            "rollout.collector.n_samples=2",
             "rollout.collector.sampling.max_tokens=4",
-            "rollout.filter_groups=false",
             f"steps={steps}",
-            "eval_every=0",
-            "plot=false",
-        ]
+            batch=batch,
+            samples=2,
+        )
     )
     result = train(cfg)
     rows = result.metrics

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests._train import quick_train
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
 from vime.envs import TaskSource
@@ -21,20 +22,6 @@ from vime.rl.tasks import builtin_tasks
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 
-def _overrides(tmp_path: Path, url: str, *extra: str) -> list[str]:
-    return [
-        f"engine.url={url}",
-        f"run_root={tmp_path}",
-        "model.warm_start_steps=0",
-        "rollout.batch_size=4",
-        "rollout.collector.n_samples=4",
-        "rollout.filter_groups=false",  # a random model earns no reward: train on the batch anyway
-        "eval_every=0",
-        "plot=false",
-        *extra,
-    ]
-
-
 def _buffer_task_ids(run: Path, step: int) -> list[str]:
     buf = DataBuffer(run, readonly=True)
     return sorted({ep.task_id for ep in buf.read_step(step)})
@@ -42,7 +29,7 @@ def _buffer_task_ids(run: Path, step: int) -> list[str]:
 
 def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     cfg = load_config(
-        _overrides(tmp_path, shared_engine.url, "env=math", "steps=3", "save_every=2")
+        quick_train(shared_engine.url, tmp_path, "env=math", "steps=3", "save_every=2")
     )
     first = train(cfg)
 
@@ -63,8 +50,8 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     step3_before = _buffer_task_ids(first.run_dir, 3)
     resumed = train(
         load_config(
-            _overrides(
-                tmp_path, shared_engine.url, "env=math", "steps=4", f"resume={first.run_dir}"
+            quick_train(
+                shared_engine.url, tmp_path, "env=math", "steps=4", f"resume={first.run_dir}"
             )
         )
     )
@@ -86,7 +73,7 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
 
 def test_math_async_mode(shared_engine, tmp_path):
     cfg = load_config(
-        _overrides(tmp_path, shared_engine.url, "env=math", "steps=3", "rollout.mode=async")
+        quick_train(shared_engine.url, tmp_path, "env=math", "steps=3", "rollout.mode=async")
     )
     rows = train(cfg).metrics
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
@@ -133,9 +120,9 @@ def test_agent_envs_train(shared_engine, docker_host, tmp_path, env):
         )
         tasks.append(f"env.tasks.path={small}")
     cfg = load_config(
-        _overrides(
-            tmp_path,
+        quick_train(
             shared_engine.url,
+            tmp_path,
             f"env={env}",
             "steps=2",
             "rollout.batch_size=2",
@@ -181,9 +168,9 @@ def test_user_env_from_the_docs_trains(shared_engine, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # the docs run the command from the folder of my_echo.py
     monkeypatch.syspath_prepend(str(tmp_path))
     cfg = load_config(
-        _overrides(
-            tmp_path,
+        quick_train(
             shared_engine.url,
+            tmp_path,
             "env.id=my_echo:my/EchoTrain-v0",
             f"env.tasks.path={tasks}",
             "steps=1",
@@ -200,13 +187,13 @@ def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, t
     import subprocess
     import sys
 
-    one = train(load_config(_overrides(tmp_path / "one", shared_engine.url, "steps=1")))
+    one = train(load_config(quick_train(shared_engine.url, tmp_path / "one", "steps=1")))
     # A copy of the run without its checkpoint: resuming it replays step 1 from the buffer
     # (the very same episodes) on freshly loaded starting weights.
     two_dir = tmp_path / "two" / one.run_dir.name
     shutil.copytree(one.run_dir, two_dir)
     shutil.rmtree(two_dir / "checkpoints")
-    args = _overrides(tmp_path / "two", shared_engine.url, "steps=1", f"resume={two_dir}")
+    args = quick_train(shared_engine.url, tmp_path / "two", "steps=1", f"resume={two_dir}")
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     done = subprocess.run(
         [*torchrun, "--nproc-per-node=2", "-m", "vime.cli", "train", "placement.tp=2", *args],
@@ -231,9 +218,9 @@ def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, t
     resumed = train(
         # The run's config.yaml says placement.tp=2 now (resume keeps it): name the new grid.
         load_config(
-            _overrides(
-                tmp_path / "two",
+            quick_train(
                 shared_engine.url,
+                tmp_path / "two",
                 "steps=2",
                 "placement.tp=1",
                 f"resume={two_dir}",

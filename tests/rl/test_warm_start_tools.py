@@ -26,11 +26,6 @@ from vime.suites.tools.tasks import calculator_tasks
 TOOLS = "vime/Tools-v0"
 
 
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return AutoTokenizer.from_pretrained(tiny_model_dir)
-
-
 def _env():
     cfg = load_config(["env=tools"])
     return envs.make(cfg.env.id, **cfg.env.kwargs)
@@ -47,10 +42,10 @@ def _spans(tokens: list[int], mask: list[int], tok) -> list[tuple[int, str]]:
     return [(m, tok.decode(ids, skip_special_tokens=False)) for m, ids in runs]
 
 
-def test_demonstration_trains_only_the_assistant_turns(tokenizer):
+def test_demonstration_trains_only_the_assistant_turns(tok):
     task = calculator_tasks(1, seed=5)[0]
-    sample = demonstration_sample(_env(), tokenizer, TOOLS, task, demonstration(task))
-    spans = _spans(sample.tokens, sample.loss_mask, tokenizer)
+    sample = demonstration_sample(_env(), tok, TOOLS, task, demonstration(task))
+    spans = _spans(sample.tokens, sample.loss_mask, tok)
     # prompt (0), the call (1), the tool's result with the next prompt (0), the box (1),
     # the template's glue after the last turn (0).
     assert [m for m, _ in spans] == [0, 1, 0, 1, 0]
@@ -61,33 +56,33 @@ def test_demonstration_trains_only_the_assistant_turns(tokenizer):
     assert sample.advantage == 1.0 and len(sample.rollout_logprobs) == len(sample.tokens)
 
 
-def test_demonstration_tokens_are_the_collectors(tokenizer):
+def test_demonstration_tokens_are_the_collectors(tok):
     """What the collector holds when the policy samples the demonstration's ids."""
     task = calculator_tasks(1, seed=6)[0]
-    sample = demonstration_sample(_env(), tokenizer, TOOLS, task, demonstration(task))
+    sample = demonstration_sample(_env(), tok, TOOLS, task, demonstration(task))
     env = _env()
     messages, _ = env.reset(options={"task": task})
-    chat = ChatTokens(tokenizer, messages, tools=env.tools, env_id=TOOLS)
+    chat = ChatTokens(tok, messages, tools=env.tools, env_id=TOOLS)
     for text in demonstration(task):
-        ids = [*chat.encode(text), tokenizer.eos_token_id]
+        ids = [*chat.encode(text), tok.eos_token_id]
         chat.add_sampled(ids, [-1.0] * len(ids))
         new, _, done, _, _ = env.step(parse_tool_calls(text))
         if not done:
             chat.add_messages(new)
     chat.close()
     assert (sample.tokens, sample.loss_mask) == (chat.tokens, chat.loss_mask)
-    assert tokenizer.decode(chat.tokens) == chat.render(chat.messages, add_generation_prompt=False)
+    assert tok.decode(chat.tokens) == chat.render(chat.messages, add_generation_prompt=False)
 
 
-def test_bad_demonstrations_are_errors(tokenizer):
+def test_bad_demonstrations_are_errors(tok):
     task = calculator_tasks(1, seed=7)[0]
     call = demonstration(task)[0]
     with pytest.raises(DataError, match=r"reward 1\.0"):  # a wrong final answer
-        demonstration_sample(_env(), tokenizer, TOOLS, task, [call, "\\boxed{1}"])
+        demonstration_sample(_env(), tok, TOOLS, task, [call, "\\boxed{1}"])
     with pytest.raises(DataError, match="turn 1"):  # a call that does not parse
-        demonstration_sample(_env(), tokenizer, TOOLS, task, ["<tool_call>{oops</tool_call>"])
+        demonstration_sample(_env(), tok, TOOLS, task, ["<tool_call>{oops</tool_call>"])
     with pytest.raises(DataError, match="did not end"):  # no final answer
-        demonstration_sample(_env(), tokenizer, TOOLS, task, [call])
+        demonstration_sample(_env(), tok, TOOLS, task, [call])
     with pytest.raises(DataError, match="calculator_tasks"):  # a bundled task: no script
         demonstration({"id": "tools-mul-00", "question": "?", "answer": "1"})
 

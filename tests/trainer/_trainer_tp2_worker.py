@@ -36,8 +36,8 @@ def run(rank: int, port: int, checkpoints: dict[str, str], out_dir: str) -> None
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import transformers as tf
-    from _trainer_samples import greedy_samples, random_samples
 
+    from tests.trainer._trainer_samples import greedy_samples, random_samples
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
     from vime.trainer.model import build_gpt_model
@@ -117,8 +117,8 @@ def run_families(rank: int, port: int, checkpoints: dict[str, str], out_dir: str
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     import transformers as tf
-    from _trainer_samples import random_samples
 
+    from tests.trainer._trainer_samples import random_samples
     from vime.trainer.compat import init_rng_tracker
     from vime.trainer.hf import export_hf, load_hf_weights
     from vime.trainer.model import build_gpt_model
@@ -189,9 +189,9 @@ def _expert_parallel_2(rank: int, family: str, folder: str, out: Path) -> None:
 def _train_tp2_ep2(family: str, folder: str, out: Path) -> dict[str, float]:
     """One packed training step at TP=2 with EP=2 (each rank holds half the experts, whole:
     expert TP 1); the updated weights go to ``trained_<family>_ep2``."""
-    from _trainer_samples import random_samples
     from megatron.core import parallel_state as ps
 
+    from tests.trainer._trainer_samples import random_samples
     from vime.trainer.step import Trainer, TrainerConfig
 
     ps.destroy_model_parallel()

@@ -4,17 +4,15 @@ and the float32 tolerances of the device the tests run on (CPU in CI, a GPU on d
 from __future__ import annotations
 
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from _trainer_models import make_hf_checkpoint
+from tests.trainer._trainer_models import make_hf_checkpoint
 
 
 @pytest.fixture(scope="session")

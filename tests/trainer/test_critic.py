@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _trainer_samples import random_samples
 
+from tests.trainer._trainer_samples import random_samples
 from vime.errors import TrainerError
 from vime.trainer.critic import Critic, CriticConfig
 from vime.trainer.losses import LossConfig, value_loss

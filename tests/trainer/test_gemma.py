@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_models import hf_config, hf_model, make_hf_checkpoint
-from _trainer_samples import random_samples
 from test_trainer_hf import megatron_logits
 
+from tests.trainer._trainer_models import hf_config, hf_model, make_hf_checkpoint
+from tests.trainer._trainer_samples import random_samples
 from vime.errors import UnsupportedArchitectureError
 from vime.trainer.hf import load_hf_weights, read_hf_state
 from vime.trainer.logprobs import token_logprobs

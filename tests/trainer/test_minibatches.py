@@ -11,9 +11,9 @@ import math
 
 import pytest
 import torch
-from _trainer_samples import random_samples
 
 import vime.trainer.step as step_module
+from tests.trainer._trainer_samples import random_samples
 from vime.errors import ConfigError
 from vime.trainer.batching import split_minibatches
 from vime.trainer.losses import LossConfig, denominator_from_counts

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_models import REAL_SHAPED, hf_config, hf_model, make_hf_checkpoint
 from test_trainer_hf import megatron_logits
 
+from tests.trainer._trainer_models import REAL_SHAPED, hf_config, hf_model, make_hf_checkpoint
 from vime.errors import UnsupportedArchitectureError
 from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
 from vime.trainer.model import build_gpt_model, model_spec_from_hf

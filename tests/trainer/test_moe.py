@@ -69,9 +69,8 @@ def test_moe_config_errors_name_the_field():
 def test_moe_checkpoint_resumes_and_exports_the_trained_weights(dist1, tmp_path):
     """A trained MoE step saved as a Megatron checkpoint and loaded by a fresh trainer (what
     ``vime-agent export RUN`` does) exports the same HF tensors as the trainer that trained."""
-    from _trainer_models import make_hf_checkpoint
-    from _trainer_samples import random_samples
-
+    from tests.trainer._trainer_models import make_hf_checkpoint
+    from tests.trainer._trainer_samples import random_samples
     from vime.trainer.step import Trainer, TrainerConfig
 
     folder = make_hf_checkpoint("qwen3-moe", tmp_path / "moe")

@@ -7,9 +7,9 @@ import math
 
 import pytest
 import torch
-from _trainer_models import make_hf_checkpoint
-from _trainer_samples import random_samples
 
+from tests.trainer._trainer_models import make_hf_checkpoint
+from tests.trainer._trainer_samples import random_samples
 from vime.errors import TrainerError
 from vime.trainer.losses import LossConfig
 from vime.trainer.reference import ReferenceModel

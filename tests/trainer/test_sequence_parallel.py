@@ -15,11 +15,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers as tf
-from _trainer_models import hf_config, make_hf_checkpoint
-from _trainer_samples import random_samples
-from _trainer_tp2_worker import MOE_TRAIN
 from test_trainer_parallel import WORLD, max_abs_diff
 
+from tests.trainer._trainer_models import hf_config, make_hf_checkpoint
+from tests.trainer._trainer_samples import random_samples
+from tests.trainer._trainer_tp2_worker import MOE_TRAIN
 from vime.net import free_port
 from vime.trainer.batching import collate
 from vime.trainer.critic import Critic, CriticConfig

@@ -18,8 +18,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from _trainer_models import make_hf_checkpoint
 
+from tests._train import quick_train
+from tests.trainer._trainer_models import make_hf_checkpoint
 from vime.conf.compose import load_config
 from vime.rl.loop import train
 
@@ -29,20 +30,14 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def _overrides(run_root: Path, folder: Path, url: str, *extra: str) -> list[str]:
-    return [
+    return quick_train(
+        url,
+        run_root,
         f"model.path={folder}",
-        f"engine.url={url}",
-        f"run_root={run_root}",
         "env=math",
-        "model.warm_start_steps=0",
-        "rollout.batch_size=4",
-        "rollout.collector.n_samples=4",
-        "rollout.filter_groups=false",  # a random model earns no reward: train on the batch anyway
         "trainer.loss.entropy_coef=0.1",  # ... and an entropy bonus makes every step move it
-        "eval_every=0",
-        "plot=false",
         *extra,
-    ]
+    )
 
 
 def test_moe_rl_steps_at_tp2_and_ep2_match_one_rank(tiny_model_dir, tmp_path):

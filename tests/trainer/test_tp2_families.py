@@ -11,12 +11,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 import transformers as tf
-from _trainer_models import make_hf_checkpoint
-from _trainer_samples import random_samples
-from _trainer_tp2_worker import MOE_TRAIN
 from test_trainer_hf import megatron_logits
 from test_trainer_parallel import WORLD, max_abs_diff
 
+from tests.trainer._trainer_models import make_hf_checkpoint
+from tests.trainer._trainer_samples import random_samples
+from tests.trainer._trainer_tp2_worker import MOE_TRAIN
 from vime.net import free_port
 from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
 from vime.trainer.model import build_gpt_model
@@ -26,7 +26,7 @@ FAMILIES = ("qwen3-moe", "llama3")
 
 
 def _entry(rank, port, checkpoints, out_dir):
-    from _trainer_tp2_worker import run_families  # in the spawned child
+    from tests.trainer._trainer_tp2_worker import run_families  # in the spawned child
 
     run_families(rank, port, checkpoints, out_dir)
 

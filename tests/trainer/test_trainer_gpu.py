@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers as tf
-from _trainer_samples import random_samples
 
+from tests.trainer._trainer_samples import random_samples
 from vime.trainer.step import Trainer, TrainerConfig
 
 pytestmark = [

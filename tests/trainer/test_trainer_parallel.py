@@ -11,8 +11,8 @@ import json
 import pytest
 import torch
 import torch.multiprocessing as mp
-from _trainer_samples import random_samples
 
+from tests.trainer._trainer_samples import random_samples
 from vime.net import free_port
 from vime.trainer.step import Trainer, TrainerConfig
 
@@ -23,7 +23,7 @@ def max_abs_diff(a: list[list[float]], b: list[list[float]]) -> float:
 
 def _entry(rank, port, checkpoints, out_dir):
     # imported in the child (spawn), where tests/trainer is on sys.path
-    from _trainer_tp2_worker import run
+    from tests.trainer._trainer_tp2_worker import run
 
     run(rank, port, checkpoints, out_dir)
 

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 import transformers as tf
-from _trainer_samples import greedy_samples, random_samples
 
+from tests.trainer._trainer_samples import greedy_samples, random_samples
 from vime.errors import ConfigError, TrainerError
 from vime.trainer.step import Trainer, TrainerConfig
 
@@ -157,7 +157,7 @@ def test_config_errors_name_the_field():
 _BF16_CHILD = """
 import json, os, signal, sys
 sys.path.insert(0, {here!r})
-from _trainer_samples import random_samples
+from tests.trainer._trainer_samples import random_samples
 from vime.trainer.step import Trainer, TrainerConfig
 trainer = Trainer({folder!r}, TrainerConfig(dtype="bfloat16", lr=1e-3, warmup_steps=2))
 samples = random_samples(4, 250, seed=3)

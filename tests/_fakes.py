@@ -1,9 +1,18 @@
-"""Small multi-turn envs for the collector tests (subclasses of vime.envs.Env)."""
+"""Small envs for the tests (subclasses of :class:`vime.envs.Env`): one generic
+single-turn env and the multi-turn tool envs of the collector tests. An env a test
+scripts for one fault (it raises, holds the GIL, ...) stays with its test.
+
+Example:
+    >>> env = QuestionEnv()
+    >>> env.reset(options={"task": {"id": "q", "question": "Say 3."}})[0]
+    [{'role': 'user', 'content': 'Say 3.'}]
+"""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vime.envs import Env
@@ -30,6 +39,30 @@ TOOL_CALL_REGEX = (
     r'|<tool_call>\n\{"arguments": \{\}\}\n</tool_call>'
     r"|The answer is [0-9]+\.)"
 )
+
+
+class QuestionEnv(Env):
+    """One turn: the task's ``question`` (else ``prompt``) as the user message; the
+    episode ends after the policy's answer, with ``reward(text, task)`` (default 1.0)."""
+
+    env_id = "test/Question-v0"
+
+    def __init__(
+        self,
+        prompt: str = "Answer.",
+        reward: Callable[[str, dict[str, Any]], float] | None = None,
+    ) -> None:
+        super().__init__()
+        self.prompt = prompt
+        self.reward = reward
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed, options=options)
+        return [{"role": "user", "content": self.task.get("question", self.prompt)}], {}
+
+    def step(self, action: Action):
+        reward = self.reward(action.text, self.task) if self.reward else 1.0
+        return [], reward, True, False, {}
 
 
 class ToolTurnsEnv(Env):
