@@ -48,6 +48,10 @@ class EpisodeStatus(enum.StrEnum):
         return self in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED)
 
 
+# Every status, in the order reports and metrics list them.
+STATUSES = tuple(s.value for s in EpisodeStatus)
+
+
 @dataclass
 class SamplingParams:
     """Per-request sampling options sent to the engine.
@@ -259,7 +263,7 @@ class Sample:
     """What the trainer consumes: one sequence with a per-token advantage signal.
 
     ``advantage`` is shared by every sampled token (outcome-reward estimators). With a
-    learned critic (``rollout.advantage=gae``) ``token_advantages`` holds one advantage per
+    learned critic (``algorithm.advantage=gae``) ``token_advantages`` holds one advantage per
     token instead (0.0 off the loss mask) and replaces it; ``values`` are the critic's
     predictions when the sample was made and ``returns`` its regression targets, all
     aligned with ``tokens``.

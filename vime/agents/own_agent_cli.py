@@ -76,11 +76,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 async def _play(cfg: OwnAgentRun, command: list[str], tasks: list[dict[str, Any]]) -> list[Episode]:
-    model = cfg.model
-    if model == "tiny":
-        from vime.models.tiny import build_tiny_model
+    from vime.models.tiny import resolve_model
 
-        model = str(build_tiny_model())
+    model = resolve_model(cfg.model)
     client = PolicyClient.from_urls(cfg.policy)
     gate = asyncio.Semaphore(cfg.concurrency)
 

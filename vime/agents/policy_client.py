@@ -292,14 +292,6 @@ class PolicyClient:
         """
         self._router.set_weight_version(url, version)
 
-    def set_weight_version_all(self, version: int) -> None:
-        """Record ``version`` for every server (after a sync to all of them).
-
-        Example:
-            >>> PolicyClient.from_urls("http://a:1").set_weight_version_all(2)
-        """
-        self._router.set_weight_version_all(version)
-
     def weight_version(self, url: str) -> int:
         """The weight version last recorded for ``url``."""
         return self._router.weight_version(url)

@@ -193,15 +193,6 @@ class Router:
         # The engine just loaded (or was restarted at) the current weights: it takes work again.
         self._down_until[url] = 0.0
 
-    def set_weight_version_all(self, version: int) -> None:
-        """Record ``version`` for every server (after a sync to all of them).
-
-        Example:
-            >>> Router(["http://a:1"], down_s=30.0).set_weight_version_all(2)
-        """
-        for url in self.urls:
-            self.set_weight_version(url, version)
-
     def weight_version(self, url: str) -> int:
         """The weight version last recorded for ``url``."""
         return self._versions[url.rstrip("/")]

@@ -36,10 +36,10 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE + "".join(f"  {k}={getattr(defaults, k)!r}\n" for k in keys), end="")
         return 0
     cfg = apply_overrides(EngineConfig(), argv)
-    if cfg.model in ("", "tiny") and not cfg.url:
-        from vime.models.tiny import build_tiny_model
+    if not cfg.url:
+        from vime.models.tiny import resolve_model
 
-        cfg = dataclasses.replace(cfg, model=str(build_tiny_model()))
+        cfg = dataclasses.replace(cfg, model=resolve_model(cfg.model))
 
     from vime.engine.server import VLLMServer
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import dataclasses
 import errno
 import importlib.metadata
 import importlib.util
@@ -538,10 +537,6 @@ class VLLMServer:
     def __repr__(self) -> str:
         kind = "external" if self.external else f"pid={self.pid}"
         return f"VLLMServer({self.url}, model={self.model_name!r}, {kind})"
-
-    def replace_config(self, **changes: Any) -> VLLMServer:
-        """A new (not started) server with some config fields changed."""
-        return VLLMServer(dataclasses.replace(self.config, **changes))
 
 
 def default_served_model_name(model: str) -> str:

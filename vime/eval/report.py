@@ -24,9 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from vime.errors import ConfigError
-from vime.types import Episode, EpisodeStatus
+from vime.types import STATUSES, Episode
 
-STATUSES = tuple(s.value for s in EpisodeStatus)
 # Grading outcomes an env reports as 0/1 episode metrics (vime/SWE-v0's statuses).
 OUTCOMES = ("resolved", "unresolved", "error", "tampered")
 REPORT_FILES = ("report.json", "report.md", "report.png", "episodes.jsonl")

@@ -10,8 +10,9 @@ The chat template is ChatML (Qwen2.5-style) with Hermes-style tool calls, and is
 **append-only**: rendering ``messages[:k]`` is a token prefix of rendering
 ``messages[:k+1]``. The collector relies on that (it tokenizes only the suffix).
 
-Builds are cached under ``<project>/.cache/models/tiny-<hash>`` (``$VIME_CACHE_DIR``
-replaces ``<project>/.cache``); the hash covers the spec and :data:`BUILDER_VERSION`.
+Builds are cached under ``models/tiny-<hash>`` in vime's cache folder (:mod:`vime.paths`:
+``$VIME_CACHE_DIR``, else ``<checkout>/.cache``); the hash covers the spec and
+:data:`BUILDER_VERSION`.
 
 Example:
     >>> from vime.models.tiny import build_tiny_model
@@ -32,6 +33,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from vime.paths import cache_dir
 
 # Bump when the builder's output changes for the same spec (invalidates caches).
 BUILDER_VERSION = 2
@@ -168,26 +171,20 @@ class TinyModelSpec:
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def project_root() -> Path:
-    """The repository root (where pyproject.toml is), or the current directory."""
-    here = Path(__file__).resolve().parents[2]
-    return here if (here / "pyproject.toml").exists() else Path.cwd()
-
-
-def cache_dir() -> Path:
-    """vime's cache folder: ``$VIME_CACHE_DIR`` or ``<project>/.cache``.
-
-    Example:
-        >>> cache_dir().name in (".cache",) or "VIME_CACHE_DIR" in os.environ
-        True
-    """
-    env = os.environ.get("VIME_CACHE_DIR")
-    return Path(env).expanduser().resolve() if env else project_root() / ".cache"
-
-
 def tiny_model_cache_path(spec: TinyModelSpec = TinyModelSpec()) -> Path:
     """Where the build of ``spec`` is (or will be) cached."""
     return cache_dir() / "models" / f"tiny-{spec.key()}"
+
+
+def resolve_model(name: str) -> str:
+    """A model setting as a folder: ``""`` and ``"tiny"`` name the tiny local model (built
+    on first use), anything else is the user's HF folder, returned as given.
+
+    Example:
+        >>> resolve_model("/models/qwen3-0.6b")
+        '/models/qwen3-0.6b'
+    """
+    return str(build_tiny_model()) if name in ("", "tiny") else name
 
 
 def build_tiny_model(

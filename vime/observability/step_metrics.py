@@ -37,9 +37,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vime.observability.trace import TRACE
-from vime.types import Episode
-
-STATUSES = ("completed", "truncated", "aborted", "error")
+from vime.types import STATUSES, Episode
 
 
 def env_name(env_id: str) -> str:

@@ -238,19 +238,3 @@ def _plain(value: Any) -> Any:
 
 TRACE = Tracer()
 """The process's tracer: vime's call sites record into it."""
-
-
-def read_trace(path: str | Path) -> list[dict[str, Any]]:
-    """The span events (``ph == "X"``) of a Chrome trace file written by :meth:`Tracer.write`.
-
-    Example:
-        >>> import tempfile
-        >>> t = Tracer(); t.enable(True)
-        >>> with t.span("weight_sync"):
-        ...     pass
-        >>> path = t.write(Path(tempfile.mkdtemp()) / "s.json", t.drain())
-        >>> [e["cat"] for e in read_trace(path)]
-        ['weight_sync']
-    """
-    data = json.loads(Path(path).read_text())
-    return [e for e in data["traceEvents"] if e.get("ph") == "X"]

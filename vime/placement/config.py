@@ -152,8 +152,8 @@ class Layout:
     """A checked placement: the trainer grid and each node's engine devices.
 
     Example:
-        >>> Layout(tp=1, pp=1, dp=1, engines_per_node=1, engine_devices=()).trainer_ranks
-        1
+        >>> Layout(tp=2, pp=1, dp=1, engines_per_node=1, engine_devices=()).colocated
+        False
     """
 
     tp: int
@@ -163,10 +163,6 @@ class Layout:
     engine_devices: tuple[tuple[int, ...], ...]  # per engine on this node (GPU), else ()
     colocated: bool = False  # engines share the trainer's GPUs: they sleep while it trains
     ep: int = 1  # expert-parallel size (mixture-of-experts models)
-
-    @property
-    def trainer_ranks(self) -> int:
-        return self.tp * self.pp * self.dp
 
 
 def check_placement(p: PlacementConfig, cluster: Cluster, *, external: int = 0) -> Layout:

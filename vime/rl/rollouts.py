@@ -52,7 +52,7 @@ from vime.rl.advantages import select_groups
 from vime.rl.stream import RolloutStream
 from vime.runs.folder import RunDir
 from vime.sync.base import WeightSync
-from vime.types import Episode, EpisodeStatus
+from vime.types import STATUSES, Episode, EpisodeStatus
 
 log = logging.getLogger("vime.train")
 T = TypeVar("T")
@@ -468,7 +468,7 @@ def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
         "rollout/sampled_tokens": float(sum(ep.num_sampled_tokens for ep in episodes)),
         "rollout/mean_response_len": sum(ep.num_sampled_tokens for ep in episodes) / n,
     }
-    for status in ("completed", "truncated", "aborted", "error"):
+    for status in STATUSES:
         out[f"rollout/{status}"] = sum(ep.status.value == status for ep in episodes) / n
     seconds = [ep.timings.get("total_s", 0.0) for ep in episodes]
     if seconds and max(seconds) > 0:

@@ -35,10 +35,9 @@ def default_host() -> str:
     """
     if os.environ.get("DOCKER_HOST"):
         return os.environ["DOCKER_HOST"]
-    from pathlib import Path
+    from vime.paths import run_state_dir
 
-    root = Path(__file__).resolve().parents[2]
-    recorded = Path(os.environ.get("VIME_RUN_DIR", root / ".run")) / "docker" / "host"
+    recorded = run_state_dir() / "docker" / "host"
     if recorded.exists():
         return recorded.read_text().strip()
     return "unix:///var/run/docker.sock"

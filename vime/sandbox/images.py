@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vime.config import require
 from vime.errors import SandboxError
+from vime.paths import cache_dir
 from vime.sandbox.client import docker_client, docker_errors
 
 # Bump when the build steps below change what lands in the image for the same recipe.
@@ -87,20 +88,14 @@ def base_image_tag(recipe: BaseImageRecipe | None = None) -> str:
     return f"vime/base:{(recipe or BaseImageRecipe()).key()}"
 
 
-def cache_dir() -> Path:
-    """Where rootfs tarballs are cached: ``$VIME_CACHE_DIR/sandbox`` or ``<project>/.cache/sandbox``.
+def rootfs_cache() -> Path:
+    """Where rootfs tarballs are cached: ``sandbox/`` in vime's cache (:mod:`vime.paths`).
 
     Example:
-        >>> cache_dir().name
+        >>> rootfs_cache().name
         'sandbox'
     """
-    env = os.environ.get("VIME_CACHE_DIR")
-    if env:
-        return Path(env).expanduser().resolve() / "sandbox"
-    root = Path(__file__).resolve().parents[2]
-    if not (root / "pyproject.toml").exists():  # installed as a wheel: no project folder
-        root = Path.home()
-    return root / ".cache" / "sandbox"
+    return cache_dir() / "sandbox"
 
 
 def apt_mirror() -> str:
@@ -157,7 +152,7 @@ def build_rootfs_tarball(recipe: BaseImageRecipe | None = None, *, log=print) ->
         '.tar'
     """
     recipe = recipe or BaseImageRecipe()
-    out = cache_dir() / f"rootfs-{recipe.suite}-{recipe.key()}.tar"
+    out = rootfs_cache() / f"rootfs-{recipe.suite}-{recipe.key()}.tar"
     if out.exists():
         return out
     if shutil.which("debootstrap") is None:
