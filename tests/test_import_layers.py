@@ -1,6 +1,6 @@
 """vime's import layers, read from the source with ``ast`` (nothing is imported).
 
-Layers, lowest first: the core files (``errors types config net paths``) → the rooms
+Layers, lowest first: the core files (``errors types config net paths gc_freeze``) → the rooms
 that use only them and each other (``models observability buffer envs sandbox engine
 trainer``) → ``agents runs`` → ``sync placement`` → ``eval conf`` → ``rl`` (the loop) →
 ``cli``. A package may import its own layer's neighbours and anything below, never above;
@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "vime"
 SUITES = REPO / "envs"  # installed as vime.suites
-CORE = {"errors", "types", "config", "net", "paths"}
+CORE = {"errors", "types", "config", "net", "paths", "gc_freeze"}
 LAYER = {
     **dict.fromkeys(CORE, 0),
     "models": 1,

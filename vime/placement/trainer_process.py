@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import logging
 import multiprocessing as mp
 import os
@@ -38,6 +37,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.managers import SyncManager
 from typing import Any
 
+from vime import gc_freeze
 from vime.errors import ConfigError, TrainerError
 from vime.observability.trace import TRACE
 
@@ -161,6 +161,7 @@ def _serve(conn: Connection, build: Callable[..., Any], args: tuple[Any, ...]) -
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     try:
         group = build(*args)
+        gc_freeze.hold()  # the trainer's objects, out of every full collection until stop
         _reply(conn, "ok", None)
     except BaseException as err:
         _reply(conn, "error", err)
@@ -171,7 +172,7 @@ def _serve(conn: Connection, build: Callable[..., Any], args: tuple[Any, ...]) -
         except (EOFError, OSError):
             return  # the loop's process is gone
         if name == "stop":
-            gc.unfreeze()  # the trainer froze its objects; reported leaked at exit otherwise
+            gc_freeze.release()  # frozen objects would be reported leaked at exit
             return
         try:
             _reply(conn, "ok", group._run(name, call_args))
