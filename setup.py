@@ -25,9 +25,11 @@ setup(
     ],
     package_dir={SUITES: "envs"},
     # Task files, eval suites (eval/suite.yaml) and each suite's README travel with the code.
-    # The bundled chat templates (model.chat_template) too.
+    # The bundled chat templates (model.chat_template) and the train config's group
+    # options (vime/conf/<group>/<option>.yaml) too.
     package_data={
         SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml"],
         "vime.models.templates": ["*.jinja"],
+        "vime.conf": ["*/*.yaml"],
     },
 )

@@ -170,7 +170,7 @@ def test_make_samples_gives_every_turn_its_episodes_advantage_and_group() -> Non
         episode(1.0, "h", [(3, 1), (5, 1), (7, 1)]),
         episode(1.0, "h", [(3, 2)]),
     ]
-    cfg = load_config(["rollout.filter_groups=false", "rollout.advantage=rloo"])
+    cfg = load_config(["rollout.filter_groups=false", "algorithm.advantage=rloo"])
     samples, stats = make_samples(eps, cfg, version=0)
     assert [len(s.tokens) for s in samples] == [6, 9, 9, 4, 6, 8, 5]
     # RLOO over episodes (a group of 2: ±1 or 0), whatever each episode's number of samples.
@@ -188,14 +188,14 @@ def test_make_samples_gives_every_turn_its_episodes_advantage_and_group() -> Non
     cfg = load_config(
         [
             "rollout.filter_groups=false",
-            "rollout.kl_reward_coef=1.0",
+            "algorithm.kl_reward_coef=1.0",
             "trainer.loss.kl_estimator=k1",
         ]
     )
     samples, _ = make_samples(eps[:2], cfg, version=0, reference=ref)
     assert [round(s.reward, 6) for s in samples] == [0.5, 0.5, -0.5]
     long = episode(1.0, "g", [(4, 2), (6, 3)], status="truncated", reason="max_tokens")
-    cfg = load_config(["rollout.filter_groups=false", "rollout.overlong=mask"])
+    cfg = load_config(["rollout.filter_groups=false", "algorithm.overlong=mask"])
     samples, _ = make_samples([long, eps[1]], cfg, version=0)
     assert [len(s.tokens) for s in samples] == [9]
 

@@ -20,8 +20,8 @@ from vime.rl.tasks import train_source
         (["metrics.wandb_project=mine"], "metrics.wandb_project", "metrics.wandb"),
         (["trainer.loss.tis=none", "trainer.loss.tis_cap=3"], "trainer.loss.tis_cap", "tis"),
         (["trainer.loss.tis_low=0.1"], "trainer.loss.tis_low", "trainer.loss.tis"),
-        (["rollout.gamma=0.9"], "rollout.gamma", "rollout.advantage"),
-        (["critic.lr=1e-4"], "critic.lr", "rollout.advantage"),
+        (["algorithm.gamma=0.9"], "algorithm.gamma", "algorithm.advantage"),
+        (["critic.lr=1e-4"], "critic.lr", "algorithm.advantage"),
         (["trainer.lr_decay_steps=10"], "trainer.lr_decay_steps", "lr_decay_style"),
         (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
         (
@@ -43,9 +43,9 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
     [
         ["env=tools"],  # the preset sizes the warm start: not the user's setting
         ["env=tools", "model.warm_start_steps=0"],  # its preset's target is not the user's
-        ["trainer=gspo"],  # the preset's eps come with its two mini-batches
+        ["algorithm=gspo"],  # the preset's eps come with its two mini-batches
         ["trainer.loss.tis=mask", "trainer.loss.tis_low=0.1"],
-        ["rollout.advantage=gae", "rollout.gamma=0.9", "critic.lr=1e-4"],
+        ["algorithm.advantage=gae", "algorithm.gamma=0.9", "critic.lr=1e-4"],
         ["env.eval_size=0", "eval_every=0"],  # 0 is off anyway
         ["metrics.wandb=offline", "metrics.wandb_project=mine"],
     ],

@@ -33,12 +33,12 @@ def test_defaults_are_the_embedded_math_run():
         (["env=tools"], lambda c: c.env.kwargs == {"max_turns": 4, "tools": ["calculator"]}),
         (["env=math"], lambda c: c.env.kwargs == {} and c.rollout.collector.max_turns is None),
         (
-            ["trainer=gspo"],
+            ["algorithm=gspo"],
             lambda c: c.trainer.loss.policy_loss == "gspo" and c.trainer.minibatches == 2,
         ),
         (
-            ["trainer=dr_grpo"],
-            lambda c: c.trainer.loss.aggregation == "token-sum" and not c.rollout.normalize_std,
+            ["algorithm=dr_grpo"],
+            lambda c: c.trainer.loss.aggregation == "token-sum" and not c.algorithm.normalize_std,
         ),
         (["rollout=async"], lambda c: c.rollout.mode == "async"),
         (["engine=gpu"], lambda c: c.engine.device == "cuda" and c.engine.dtype == "bfloat16"),
@@ -82,7 +82,7 @@ def test_bad_config_names_the_key(overrides, key, words):
 
 def test_help_lists_groups_and_keys():
     text = describe()
-    for group in ("env:", "model:", "trainer:", "engine:", "rollout:"):
+    for group in ("env:", "model:", "algorithm:", "engine:", "rollout:"):
         assert group in text
     assert "trainer.lr = " in text and "rollout.collector.n_samples = " in text
 

@@ -12,7 +12,7 @@ import torch
 
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
-from vime.conf.train import RolloutConfig, TrainConfig
+from vime.conf.train import AlgorithmConfig, RolloutConfig, TrainConfig
 from vime.envs import TaskSource
 from vime.errors import ConfigError
 from vime.rl.advantages import (
@@ -113,8 +113,11 @@ def _ep(group, reward, *, status="completed", reason="", logp=(-1.0, -1.0)):
     )
 
 
-def _cfg(**rollout) -> TrainConfig:
-    return TrainConfig(rollout=RolloutConfig(**rollout))
+def _cfg(**keys) -> TrainConfig:
+    """``keys`` set on the algorithm node where it has them, else on the rollout node."""
+    algorithm = {k: v for k, v in keys.items() if hasattr(AlgorithmConfig, k)}
+    rollout = {k: v for k, v in keys.items() if k not in algorithm}
+    return TrainConfig(rollout=RolloutConfig(**rollout), algorithm=AlgorithmConfig(**algorithm))
 
 
 def test_overlong_mask_and_penalty():
@@ -144,7 +147,7 @@ def test_kl_reward_penalty_by_hand():
     eps = [_ep("a", 1.0), _ep("a", 0.0, logp=(-2.0, -1.0))]
     ref = [[0.0, -1.5, -0.5], [0.0, -1.5, -0.5]]
     cfg = TrainConfig(
-        rollout=RolloutConfig(kl_reward_coef=0.1, advantage="rloo"),
+        algorithm=AlgorithmConfig(kl_reward_coef=0.1, advantage="rloo"),
         trainer=TrainerConfig(loss=LossConfig(kl_estimator="k1")),
     )
     samples, stats = make_samples(eps, cfg, version=0, reference=lambda s: ref)
@@ -155,7 +158,7 @@ def test_kl_reward_penalty_by_hand():
     assert samples[0].ref_logprobs == ref[0]
     assert stats["kl/reward_penalty"] == pytest.approx(0.1 * sum(seq_kl) / 2)
     # k3 of the same: exp(−d) + d − 1 per token
-    k3 = TrainConfig(rollout=RolloutConfig(kl_reward_coef=0.1))
+    k3 = TrainConfig(algorithm=AlgorithmConfig(kl_reward_coef=0.1))
     samples, stats = make_samples(eps, k3, version=0, reference=lambda s: ref)
     per = [math.exp(-0.5) + 0.5 - 1 + math.exp(0.5) - 0.5 - 1, 2 * (math.exp(0.5) - 0.5 - 1)]
     assert stats["kl/reward_penalty"] == pytest.approx(0.1 * sum(per) / 2)
@@ -170,12 +173,21 @@ def test_advantage_key_selects_the_estimator():
 @pytest.mark.parametrize(
     ("overrides", "named"),
     [
-        (["rollout.overlong=penalty"], r"rollout\.overlong_penalty.*rollout\.overlong=penalty"),
-        (["rollout.overlong_penalty=1.0"], r"rollout\.overlong_penalty.*rollout\.overlong=penalty"),
-        (["rollout.advantage=rloo", "rollout.normalize_std=false"], r"normalize_std.*advantage"),
+        (
+            ["algorithm.overlong=penalty"],
+            r"algorithm\.overlong_penalty.*algorithm\.overlong=penalty",
+        ),
+        (
+            ["algorithm.overlong_penalty=1.0"],
+            r"algorithm\.overlong_penalty.*algorithm\.overlong=penalty",
+        ),
+        (
+            ["algorithm.advantage=rloo", "algorithm.normalize_std=false"],
+            r"normalize_std.*advantage",
+        ),
         (["rollout=async", "placement.mode=colocated"], r"rollout\.mode.*placement\.mode=split"),
         (["reference.path=/tmp"], r"reference\.path.*trainer\.loss\.kl_coef.*kl_reward_coef"),
-        (["rollout.advantage=ppo"], r"rollout\.advantage"),
+        (["algorithm.advantage=ppo"], r"algorithm\.advantage"),
         (["trainer.loss.kl_estimator=k4"], r"kl_estimator"),
         (["trainer.loss.kl_estimator=k1"], r"kl_estimator.*trainer\.loss\.kl_coef"),
     ],

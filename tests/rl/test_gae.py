@@ -8,7 +8,7 @@ import math
 import pytest
 
 from vime.conf.compose import load_config
-from vime.conf.train import RolloutConfig, TrainConfig
+from vime.conf.train import AlgorithmConfig, TrainConfig
 from vime.errors import ConfigError
 from vime.rl.advantages import gae, make_samples
 from vime.types import Episode
@@ -69,7 +69,7 @@ def test_make_samples_gae_from_the_critic_values():
         asked.append(len(samples))
         return [VALUES, [0.0, 0.5, 0.25]]
 
-    cfg = TrainConfig(rollout=RolloutConfig(advantage="gae", gamma=0.9, gae_lambda=0.5))
+    cfg = TrainConfig(algorithm=AlgorithmConfig(advantage="gae", gamma=0.9, gae_lambda=0.5))
     samples, stats = make_samples(eps, cfg, version=0, critic=critic)
     assert asked == [2]  # one call for the step's kept samples
     raw0, ret0 = gae(1.0, VALUES, MASK, gamma=0.9, lam=0.5)
@@ -92,7 +92,7 @@ def test_make_samples_gae_from_the_critic_values():
     )
     with pytest.raises(ConfigError, match="critic") as err:
         make_samples(eps, cfg, version=0)  # gae, no critic
-    assert err.value.key == "rollout.advantage"
+    assert err.value.key == "algorithm.advantage"
 
 
 @pytest.mark.parametrize(
@@ -100,31 +100,31 @@ def test_make_samples_gae_from_the_critic_values():
     [
         (["critic.lr=1e-4"], "critic.lr"),
         (["critic.updates=2"], "critic.updates"),
-        (["rollout.advantage=gae", "critic.value_clip=0.2"], "critic.value_clip"),  # 1 update
-        (["rollout.gamma=0.99"], "rollout.gamma"),
-        (["rollout.advantage=rloo", "rollout.gae_lambda=0.95"], "rollout.gae_lambda"),
-        (["rollout.advantage=gae", "critic.path=/no/such/model"], "critic.path"),
-        (["rollout.advantage=gae", "rollout.gae_lambda=1.5"], "rollout.gae_lambda"),
-        (["rollout.advantage=gae", "critic.lr=0"], "critic.lr"),
+        (["algorithm.advantage=gae", "critic.value_clip=0.2"], "critic.value_clip"),  # 1 update
+        (["algorithm.gamma=0.99"], "algorithm.gamma"),
+        (["algorithm.advantage=rloo", "algorithm.gae_lambda=0.95"], "algorithm.gae_lambda"),
+        (["algorithm.advantage=gae", "critic.path=/no/such/model"], "critic.path"),
+        (["algorithm.advantage=gae", "algorithm.gae_lambda=1.5"], "algorithm.gae_lambda"),
+        (["algorithm.advantage=gae", "critic.lr=0"], "critic.lr"),
     ],
 )
 def test_critic_keys_fail_at_start_naming_both_keys(overrides, key):
     with pytest.raises(ConfigError) as err:
         load_config(overrides)
     assert err.value.key == key
-    if "rollout.advantage=gae" not in overrides:  # unused: the message names the fix too
-        assert "rollout.advantage=gae" in str(err.value) and key in str(err.value)
+    if "algorithm.advantage=gae" not in overrides:  # unused: the message names the fix too
+        assert "algorithm.advantage=gae" in str(err.value) and key in str(err.value)
 
 
 def test_gae_config_loads():
     cfg = load_config(
         [
-            "rollout.advantage=gae",
-            "rollout.gae_lambda=0.95",
+            "algorithm.advantage=gae",
+            "algorithm.gae_lambda=0.95",
             "critic.lr=1e-4",
             "critic.updates=3",
             "critic.value_clip=0.2",
         ]
     )
-    assert (cfg.rollout.gamma, cfg.rollout.gae_lambda) == (1.0, 0.95)
+    assert (cfg.algorithm.gamma, cfg.algorithm.gae_lambda) == (1.0, 0.95)
     assert (cfg.critic.lr, cfg.critic.updates, cfg.critic.value_clip) == (1e-4, 3, 0.2)

@@ -61,11 +61,11 @@ _CRITIC_KEYS = tuple(f"critic.{f.name}" for f in dataclasses.fields(CriticConfig
 
 RULES: tuple[Needs, ...] = (
     Needs(
-        ("rollout.gamma", "rollout.gae_lambda", *_CRITIC_KEYS),
-        "rollout.advantage",
-        lambda c: c.rollout.advantage == "gae",
+        ("algorithm.gamma", "algorithm.gae_lambda", *_CRITIC_KEYS),
+        "algorithm.advantage",
+        lambda c: c.algorithm.advantage == "gae",
         "(it trains no critic)",
-        "set rollout.advantage=gae (PPO with a learned critic), or leave it unset",
+        "set algorithm.advantage=gae (PPO with a learned critic), or leave it unset",
     ),
     Needs(
         ("model.warm_start_steps",),

@@ -1,17 +1,19 @@
 """The ``vime-agent train`` config: Hydra config groups over typed dataclass configs.
 
-Groups (pick one option with ``group=option``):
+Groups (pick one option with ``group=option``; each option is a YAML file,
+``vime/conf/<group>/<option>.yaml``, and ``--config-dir DIR`` adds a folder of your own):
 
 - ``env``: ``math`` (default), ``tools``, ``swe`` — which environment and its tasks.
 - ``model``: ``tiny`` (default: the locally built tiny model plus a warm start).
-- ``trainer``: ``grpo`` (default), ``dr_grpo``, ``gspo`` — the policy objective.
+- ``algorithm``: ``grpo`` (default), ``dr_grpo``, ``gspo`` — the policy objective.
 - ``engine``: ``cpu`` (default, float32), ``gpu`` (CUDA, bfloat16).
 - ``rollout``: ``sync`` (default, on-policy), ``async`` (rollouts never stop; steps take
   the groups that finish first, at most ``max_staleness`` versions old).
 
 Every component's own dataclass is a node: ``engine`` (:class:`vime.engine.EngineConfig`),
 ``trainer`` (:class:`vime.trainer.TrainerConfig`), ``rollout``
-(:class:`RolloutConfig`, which holds the collector's options), ``placement``
+(:class:`RolloutConfig`, which holds the collector's options), ``algorithm``
+(:class:`AlgorithmConfig`: advantages, over-long episodes, KL reward), ``placement``
 (:class:`vime.placement.config.PlacementConfig`: trainer TP/PP, engines per node, devices,
 colocated or split, external engine URLs). Any field can be set
 with ``key=value``; a wrong key or value gives one :class:`ConfigError` naming the key
@@ -42,7 +44,7 @@ from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
 from vime.types import SamplingParams
 
-GROUPS = ("env", "model", "trainer", "engine", "rollout")
+GROUPS = ("env", "model", "algorithm", "engine", "rollout")
 MODES = ("sync", "async")
 # disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
 SYNC_METHODS = ("disk", "nccl", "ipc")
@@ -151,9 +153,6 @@ class RolloutConfig:
     filter_groups: bool = True
     mode: str = "sync"
     max_staleness: int = 1
-    # advantage=grpo: centred rewards divided by the group's std (+1e-6); false: the mean
-    # baseline only (Dr.GRPO, trainer=dr_grpo). The other estimators take true only.
-    normalize_std: bool = True
     engine_retries: int = 2  # rounds of re-collecting a step's engine-lost episodes
     max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
     # per request try to the engine; a timed-out try is retried only if /health answers
@@ -167,13 +166,6 @@ class RolloutConfig:
             progress=False,
         )
     )
-    # Algorithms (docs/algorithms.md; checked against each other in TrainConfig):
-    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
-    gamma: float = 1.0  # gae: discount per sampled token
-    gae_lambda: float = 1.0  # gae: λ (1: A = return − V; lower trusts the critic more)
-    overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
-    overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
-    kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
     refill_retries: int = 0  # extra draws (of batch_size) when filter_groups leaves too few
 
     def __post_init__(self) -> None:
@@ -188,6 +180,29 @@ class RolloutConfig:
             "must be in [0, 1] (1 = never stop on env errors)",
         )
         require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0 seconds")
+        require(self.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
+
+
+@dataclass
+class AlgorithmConfig:
+    """How a step's rewards become advantages (docs/algorithms.md; the keys are checked
+    against each other and the trainer's in :class:`TrainConfig`). The ``algorithm=``
+    group (``grpo``, ``dr_grpo``, ``gspo``) sets these and the trainer's loss together.
+
+    Example:
+        >>> AlgorithmConfig().advantage
+        'grpo'
+    """
+
+    advantage: str = "grpo"  # grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+    # advantage=grpo: centred rewards divided by the group's std (+1e-6); false: the mean
+    # baseline only (Dr.GRPO, algorithm=dr_grpo). The other estimators take true only.
+    normalize_std: bool = True
+    gamma: float = 1.0  # gae: discount per sampled token
+    gae_lambda: float = 1.0  # gae: λ (1: A = return − V; lower trusts the critic more)
+    overlong: str = "none"  # truncated by a token limit: none | mask (out of the loss) | penalty
+    overlong_penalty: float = 0.0  # subtracted from an over-long episode's reward (penalty)
+    kl_reward_coef: float = 0.0  # β: reward −= β · Σ_t KL_t to the reference model
 
 
 @dataclass
@@ -205,7 +220,7 @@ class TrainConfig:
             "_self_",
             {"model": "tiny"},
             {"env": "math"},  # after model: an env preset may size the tiny model's warm start
-            {"trainer": "grpo"},
+            {"algorithm": "grpo"},
             {"engine": "cpu"},
             {"rollout": "sync"},
         ]
@@ -215,9 +230,10 @@ class TrainConfig:
     engine: EngineConfig = field(default_factory=EngineConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
-    critic: CriticConfig = field(default_factory=CriticConfig)  # rollout.advantage=gae
+    critic: CriticConfig = field(default_factory=CriticConfig)  # algorithm.advantage=gae
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
     trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
     # Optimizer steps of the policy; a resumed run goes on to this one. The last step is
@@ -267,36 +283,37 @@ class TrainConfig:
 
     def _check_algorithms(self) -> None:
         """The algorithm keys, and each key that needs another one set (named both)."""
-        r, loss = self.rollout, self.trainer.loss
-        require_choice(r.advantage, "rollout.advantage", ADVANTAGES)
-        require_choice(r.overlong, "rollout.overlong", OVERLONG_MODES)
-        require(r.kl_reward_coef >= 0, "rollout.kl_reward_coef", "must be >= 0 (0 = off)")
-        require(r.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
+        a, loss = self.algorithm, self.trainer.loss
+        require_choice(a.advantage, "algorithm.advantage", ADVANTAGES)
+        require_choice(a.overlong, "algorithm.overlong", OVERLONG_MODES)
+        require(a.kl_reward_coef >= 0, "algorithm.kl_reward_coef", "must be >= 0 (0 = off)")
         require(
-            r.overlong != "penalty" or r.overlong_penalty > 0,
-            "rollout.overlong_penalty",
-            "must be > 0 with rollout.overlong=penalty (it is subtracted from the reward)",
+            a.overlong != "penalty" or a.overlong_penalty > 0,
+            "algorithm.overlong_penalty",
+            "must be > 0 with algorithm.overlong=penalty (it is subtracted from the reward)",
         )
         require(
-            r.overlong_penalty == 0 or r.overlong == "penalty",
-            "rollout.overlong_penalty",
-            f"is set but rollout.overlong={r.overlong!r}: set rollout.overlong=penalty",
+            a.overlong_penalty == 0 or a.overlong == "penalty",
+            "algorithm.overlong_penalty",
+            f"is set but algorithm.overlong={a.overlong!r}: set algorithm.overlong=penalty",
         )
         require(
-            r.normalize_std or r.advantage == "grpo",
-            "rollout.normalize_std",
-            f"=false applies to rollout.advantage=grpo only (it is {r.advantage!r})",
+            a.normalize_std or a.advantage == "grpo",
+            "algorithm.normalize_std",
+            f"=false applies to algorithm.advantage=grpo only (it is {a.advantage!r})",
         )
-        kl_on = loss.kl_coef > 0 or r.kl_reward_coef > 0
+        kl_on = loss.kl_coef > 0 or a.kl_reward_coef > 0
         require(
             not self.reference.path or kl_on,
             "reference.path",
-            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or algorithm.kl_reward_coef "
+            "> 0",
         )
         require(
             loss.kl_estimator == "k3" or kl_on,
             "trainer.loss.kl_estimator",
-            "is set but no KL term uses it: set trainer.loss.kl_coef or rollout.kl_reward_coef > 0",
+            "is set but no KL term uses it: set trainer.loss.kl_coef or algorithm.kl_reward_coef "
+            "> 0",
         )
         require(
             not self.reference.path or Path(self.reference.path, "config.json").exists(),
@@ -305,12 +322,14 @@ class TrainConfig:
         )
 
     def _check_critic(self) -> None:
-        """The critic and GAE keys' values (used with ``rollout.advantage=gae`` only: see
+        """The critic and GAE keys' values (used with ``algorithm.advantage=gae`` only: see
         :mod:`vime.conf.dependencies`)."""
-        r, c = self.rollout, self.critic
-        require(0 <= r.gamma <= 1, "rollout.gamma", f"must be in [0, 1], got {r.gamma}")
+        a, c = self.algorithm, self.critic
+        require(0 <= a.gamma <= 1, "algorithm.gamma", f"must be in [0, 1], got {a.gamma}")
         require(
-            0 <= r.gae_lambda <= 1, "rollout.gae_lambda", f"must be in [0, 1], got {r.gae_lambda}"
+            0 <= a.gae_lambda <= 1,
+            "algorithm.gae_lambda",
+            f"must be in [0, 1], got {a.gae_lambda}",
         )
         require(
             not c.path or Path(c.path, "config.json").exists(),

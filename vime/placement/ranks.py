@@ -179,7 +179,7 @@ class TrainerGroup:
         self.ranks = ranks
         self.fleet = fleet or EngineFleet([], [])
         self.reference = reference  # the frozen π_ref of a KL term, on every rank
-        self.critic = critic  # the learned value function of rollout.advantage=gae
+        self.critic = critic  # the learned value function of algorithm.advantage=gae
         self.remote = remote  # placement.trainer_process: the trainer's own process
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
@@ -260,7 +260,7 @@ class TrainerGroup:
             return self.reference.compute_logprobs(*args)
         if name.startswith("critic_"):
             if self.critic is None:
-                raise TrainerError("no critic: the run's rollout.advantage is not gae")
+                raise TrainerError("no critic: the run's algorithm.advantage is not gae")
             method = {"critic_values": "compute_values", "critic_train_step": "train_step"}[name]
             return getattr(self.critic, method)(*args)
         if self.trainer is None:
@@ -278,9 +278,9 @@ class TrainerGroup:
             self.critic.save_checkpoint(folder)
         elif not folder.exists():
             raise ConfigError(
-                f"rollout.advantage=gae: {trainer_folder.parent} has no critic checkpoint (the "
+                f"algorithm.advantage=gae: {trainer_folder.parent} has no critic checkpoint (the "
                 "run was saved without a critic); resume it with the advantage it started with",
-                key="rollout.advantage",
+                key="algorithm.advantage",
             )
         else:
             self.critic.load_checkpoint(folder)

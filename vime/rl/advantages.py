@@ -5,16 +5,16 @@
 1. drop what cannot be trained on (error/aborted, nothing sampled) and episodes older
    than ``rollout.max_staleness`` weight versions;
 2. over-long episodes (``truncated`` by ``max_tokens``, ``max_model_len`` or the engine's
-   ``context_length``; :func:`is_overlong`): ``rollout.overlong=penalty`` subtracts
-   ``rollout.overlong_penalty`` from their reward, ``mask`` keeps them in their group's
+   ``context_length``; :func:`is_overlong`): ``algorithm.overlong=penalty`` subtracts
+   ``algorithm.overlong_penalty`` from their reward, ``mask`` keeps them in their group's
    baseline but out of the loss, ``none`` treats them as any other episode;
 3. ``rollout.filter_groups``: drop groups whose rewards are all equal (zero advantage, no
    signal); keep at most ``rollout.batch_size`` groups;
 4. reference log-probs (when a KL term is on) for every kept sample;
-   ``rollout.kl_reward_coef`` β > 0 subtracts the sequence's KL from its reward:
+   ``algorithm.kl_reward_coef`` β > 0 subtracts the sequence's KL from its reward:
    ``r_i ← r_i − β · Σ_t mask_it · kl_it`` (kl of the sampled tokens, rollout log-probs
    against the reference's, estimator ``trainer.loss.kl_estimator``);
-5. advantages by ``rollout.advantage`` (the functions below, each a formula); ``gae``
+5. advantages by ``algorithm.advantage`` (the functions below, each a formula); ``gae``
    first asks the critic for every kept sample's values (:func:`apply_gae`).
 
 The KL *loss* term (``trainer.loss.kl_coef``) is applied by the trainer on the same
@@ -224,9 +224,9 @@ def advantages(
         "reinforce_pp_baseline": reinforce_pp_baseline,
     }
     if name == "gae":
-        raise ValueError("rollout.advantage=gae is per token, from the critic: use apply_gae")
+        raise ValueError("algorithm.advantage=gae is per token, from the critic: use apply_gae")
     if name not in estimators:
-        raise ValueError(f"rollout.advantage={name!r}: choose one of {ADVANTAGES}")
+        raise ValueError(f"algorithm.advantage={name!r}: choose one of {ADVANTAGES}")
     return estimators[name](rewards, group_ids)
 
 
@@ -288,15 +288,15 @@ def select_groups(
 
 
 def shaped_reward(ep: Episode, cfg: TrainConfig) -> float:
-    """The env's reward, less ``rollout.overlong_penalty`` for an over-long episode under
-    ``rollout.overlong=penalty``.
+    """The env's reward, less ``algorithm.overlong_penalty`` for an over-long episode under
+    ``algorithm.overlong=penalty``.
 
     Example (skipped as a doctest: it needs a config):
         >>> shaped_reward(truncated_episode, cfg)  # doctest: +SKIP
         -1.0
     """
-    if cfg.rollout.overlong == "penalty" and is_overlong(ep):
-        return ep.reward - cfg.rollout.overlong_penalty
+    if cfg.algorithm.overlong == "penalty" and is_overlong(ep):
+        return ep.reward - cfg.algorithm.overlong_penalty
     return ep.reward
 
 
@@ -311,7 +311,7 @@ def make_samples(
     docstring for the steps). ``reference`` gives the reference log-probs of samples (the
     trainer ranks' :class:`~vime.trainer.reference.ReferenceModel`); without it no KL.
     ``critic`` gives their values (:class:`~vime.trainer.critic.Critic`), which
-    ``rollout.advantage=gae`` needs.
+    ``algorithm.advantage=gae`` needs.
 
     Example (skipped as a doctest: it needs a config and episodes):
         >>> samples, stats = make_samples(episodes, cfg, version=3)  # doctest: +SKIP
@@ -326,32 +326,32 @@ def make_samples(
         ref = reference(samples)
         for s, lp in zip(samples, ref, strict=True):
             s.ref_logprobs = list(lp)
-        beta = cfg.rollout.kl_reward_coef
+        beta = cfg.algorithm.kl_reward_coef
         if beta:
             seq_kl = sequence_kl(samples, ref, cfg.trainer.loss.kl_estimator)
             seq_kl = per_episode(seq_kl, owner, len(flat))
             rewards = [r - beta * k for r, k in zip(rewards, seq_kl, strict=True)]
             stats["kl/reward_penalty"] = beta * sum(seq_kl) / len(seq_kl)
-    if cfg.rollout.advantage == "gae":  # per token; a turn sample ends with its episode's reward
+    if cfg.algorithm.advantage == "gae":  # per token; a turn sample ends with its episode's reward
         if critic is None:
             raise ConfigError(
-                "rollout.advantage=gae needs the critic's values: pass make_samples a critic",
-                key="rollout.advantage",
+                "algorithm.advantage=gae needs the critic's values: pass make_samples a critic",
+                key="algorithm.advantage",
             )
-        r = cfg.rollout
+        r = cfg.algorithm
         stats.update(apply_gae(samples, [rewards[k] for k in owner], critic, r.gamma, r.gae_lambda))
         adv = [0.0] * len(flat)  # Sample.token_advantages replace the per-sample one
     else:
         adv = advantages(
-            cfg.rollout.advantage,
+            cfg.algorithm.advantage,
             rewards,
             [ep.group_id for ep in flat],
-            normalize_std=cfg.rollout.normalize_std,
+            normalize_std=cfg.algorithm.normalize_std,
         )
     for s, k in zip(samples, owner, strict=True):
         s.advantage, s.reward = adv[k], rewards[k]
     overlong = [is_overlong(ep) for ep in flat]
-    if cfg.rollout.overlong == "mask":  # in the group baselines above, out of the loss here
+    if cfg.algorithm.overlong == "mask":  # in the group baselines above, out of the loss here
         samples = [s for s, k in zip(samples, owner, strict=True) if not overlong[k]]
     stats.update(
         {
@@ -370,4 +370,4 @@ def needs_reference(cfg: TrainConfig) -> bool:
         >>> needs_reference(load_config(["trainer.loss.kl_coef=0.05"]))  # doctest: +SKIP
         True
     """
-    return cfg.trainer.loss.kl_coef > 0 or cfg.rollout.kl_reward_coef > 0
+    return cfg.trainer.loss.kl_coef > 0 or cfg.algorithm.kl_reward_coef > 0

@@ -145,7 +145,7 @@ class MicroBatch:
     advantages: torch.Tensor  # [B], or [B, S-1] when a row has per-token advantages (GAE)
     old_logprobs: torch.Tensor | None  # [B, S-1]
     ref_logprobs: torch.Tensor | None  # [B, S-1]
-    # The critic's inputs (rollout.advantage=gae): its values when the samples were made
+    # The critic's inputs (algorithm.advantage=gae): its values when the samples were made
     # and the GAE returns it regresses on; None for samples without them.
     old_values: torch.Tensor | None = None  # [B, S-1]
     returns: torch.Tensor | None = None  # [B, S-1]

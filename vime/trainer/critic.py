@@ -1,4 +1,4 @@
-"""The learned critic of PPO (``rollout.advantage=gae``): a value model V(s_t) per token.
+"""The learned critic of PPO (``algorithm.advantage=gae``): a value model V(s_t) per token.
 
 :class:`Critic` is a :class:`~vime.trainer.step.Trainer` of the policy's model family at
 the trainer's TP/PP/DP (the process groups of
@@ -53,7 +53,7 @@ _SUMS = ("loss", "tokens", "clipped", "v", "r", "r2", "e", "e2")
 
 @dataclass
 class CriticConfig:
-    """The critic of ``rollout.advantage=gae``. ``path`` empty: the policy's starting
+    """The critic of ``algorithm.advantage=gae``. ``path`` empty: the policy's starting
     weights (the usual choice); else an HF folder of a supported family with the
     policy's vocabulary. ``lr``: the critic's own learning rate (constant; the trainer's
     Adam, weight decay and gradient clip settings otherwise). ``updates``: optimizer
@@ -213,7 +213,7 @@ class Critic(Trainer):
         if missing:
             raise TrainerError(
                 f"critic: samples {missing[:3]} have no values/returns; they come from "
-                "make_samples with rollout.advantage=gae"
+                "make_samples with algorithm.advantage=gae"
             )
         t0 = time.perf_counter()
         local = self._local_indices(samples)

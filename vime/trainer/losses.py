@@ -75,7 +75,9 @@ class LossConfig:
     tis_high: float = 2.0  # tis=mask's upper bound
     # Weight of the per-token KL-to-reference loss term; > 0 builds the reference model.
     kl_coef: float = 0.0
-    kl_estimator: str = "k3"  # also the estimator of the KL reward penalty (rollout.kl_reward_coef)
+    kl_estimator: str = (
+        "k3"  # also the estimator of the KL reward penalty (algorithm.kl_reward_coef)
+    )
     # Weight of the entropy bonus; 0: no gradient from it (train/entropy is still reported).
     entropy_coef: float = 0.0
 
