@@ -224,6 +224,13 @@ def test_a_missing_config_dir_fails_naming_the_flag(tmp_path):
     assert err.value.key == "--config-dir"
 
 
+def test_a_users_preset_named_like_vimes_fails_instead_of_being_ignored(tmp_path):
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "math.yaml").write_text("# @package _global_\nsteps: 3\n")
+    with pytest.raises(ConfigError, match=r"env/math.yaml has the name of one of vime's"):
+        load_config(["env=math"], tmp_path)
+
+
 def test_a_run_from_a_users_folder_resumes(conf_dir, tmp_path):
     first = load_config(["+experiment=short"], config_dir=conf_dir)
     run = tmp_path / "run"

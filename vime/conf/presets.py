@@ -40,6 +40,19 @@ def group_options(config_dir: str | Path | None = None) -> dict[str, list[str]]:
                 key="--config-dir",
             )
         folders.append(user.resolve())
+        # vime's folder is searched first: a user preset of the same name would never load.
+        shadowed = sorted(
+            f"{path.parent.name}/{path.name}"
+            for path in user.glob("*/*.yaml")
+            if (CONF_DIR / path.parent.name / path.name).exists()
+        )
+        if shadowed:
+            raise ConfigError(
+                f"--config-dir {config_dir}: {', '.join(shadowed)} has the name of one of "
+                "vime's presets, which is always the one loaded; rename it (e.g. "
+                f"{shadowed[0].replace('.yaml', '_mine.yaml')}) and choose it by that name",
+                key="--config-dir",
+            )
     found: dict[str, set[str]] = {}
     for folder in folders:
         for path in folder.glob("*/*.yaml"):
