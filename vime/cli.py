@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     ),
     "export": (
         "vime.runs.export:main",
-        "a run's checkpoint as an HF folder: vime-agent export RUN [step=N] --out DIR",
+        "a run's checkpoint as an HF folder: vime-agent export RUN [step=N] out=DIR",
     ),
     "model": ("vime.models.cli:main", "build or inspect models (vime-agent model tiny --out DIR)"),
     "serve": (

@@ -21,7 +21,11 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
-from collections.abc import Iterable, Sequence
+import functools
+import re
+import types
+import typing
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from vime.errors import ConfigError
@@ -81,25 +85,98 @@ def field_names(cfg: Any, prefix: str = "") -> list[str]:
 
 
 def parse_value(text: str) -> Any:
-    """Parse a command-line value the way YAML would (numbers, bools, null, lists);
-    text that is not YAML stays text.
+    """Read a command-line value as ``vime-agent train`` reads it, with Hydra's override
+    grammar: numbers, bools, null, lists and mappings; quoted text stays text. JSON's quoted
+    keys (``{"top_k": 2}``) are read unquoted; a mapping or list the grammar still refuses
+    is read as YAML, and other text it refuses stays text.
 
     Example:
         >>> parse_value("[1, 2]"), parse_value("0.5"), parse_value("[oops")
         ([1, 2], 0.5, '[oops')
+        >>> parse_value("{max_turns: 3}"), parse_value('{"repetition_penalty": 1.1}')
+        ({'max_turns': 3}, {'repetition_penalty': 1.1})
     """
+    value = _hydra_value(text)
+    if _plain(value):  # not refused, nor a sweep (a,b or range(3)), which is text here
+        return value
+    if not text.startswith(("{", "[")):
+        return text
+    # JSON's quoted keys ({"repetition_penalty": 1.1}), which the grammar refuses
+    value = _hydra_value(_QUOTED_KEY.sub(_unquoted_key, text))
+    if _plain(value):
+        return value
     import yaml
 
+    with contextlib.suppress(yaml.YAMLError, ValueError):
+        value = yaml.safe_load(text)  # a key that stays quoted ("a b"), a "=" in a list
+        if not _glued(value):
+            return value
+    return text
+
+
+_REFUSED = object()
+# a quoted text, and the colon after it when it is a mapping's key
+_QUOTED_KEY = re.compile(r"""("(?:[^"\\]|\\.)*"|'(?:[^'\\]|\\.)*')(\s*:)?""")
+_WORDS = ("true", "false", "null", "inf", "nan")  # unquoted, not text
+
+
+def _hydra_value(text: str) -> Any:
+    """``text`` read by Hydra's override grammar, or ``_REFUSED``."""
+    from hydra.errors import HydraException
+
     try:
-        return yaml.safe_load(text) if text != "" else ""
-    except (yaml.YAMLError, ValueError):  # ValueError: an integer of over 4300 digits
-        return text
+        return _override_parser().parse_override(f"k={text}").value()
+    except (HydraException, ValueError):  # ValueError: an integer of over 4300 digits
+        return _REFUSED
 
 
-def _coerce(value: Any, current: Any, key: str) -> Any:
-    """Convert ``value`` to the type of the field's current value, or fail naming ``key``."""
-    if current is None or value is None:
-        return value
+@functools.cache
+def _override_parser() -> Any:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is plain data: dicts, lists, text, numbers, bools, None."""
+    if isinstance(value, dict):
+        return all(_plain(k) and _plain(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_plain(v) for v in value)
+    return value is None or isinstance(value, str | int | float)
+
+
+def _unquoted_key(match: re.Match[str]) -> str:
+    """A quoted mapping key as the grammar takes it, unquoted, where that reads the same."""
+    key, colon = match.group(1)[1:-1], match.group(2)
+    if colon and re.fullmatch(r"[A-Za-z_][\w.-]*", key) and key.lower() not in _WORDS:
+        return key + colon
+    return match.group(0)
+
+
+def _glued(value: Any) -> bool:
+    """Whether YAML read a mapping's ``key:value`` with no space as one key (``{a:3}``
+    as ``{'a:3': None}``), which this grammar reads as ``{'a': 3}``."""
+    if isinstance(value, dict):
+        return any(
+            (isinstance(k, str) and ":" in k and v is None) or _glued(v) for k, v in value.items()
+        )
+    return isinstance(value, list) and any(_glued(v) for v in value)
+
+
+def _coerce(value: Any, current: Any, key: str, hint: Any = None) -> Any:
+    """Convert ``value`` to the type of the field's current value (or, where that is None,
+    of its annotation ``hint``: ``int | None``), or fail naming ``key``."""
+    optional, declared = _declared(hint)
+    if value is None:
+        if hint is None or hint is Any or optional:
+            return value
+        name = getattr(declared or hint, "__name__", str(hint))
+        raise ConfigError(f"{key}: expected {name}, got None (the field is not optional)", key=key)
+    if current is None:
+        if declared is None:
+            return value  # Any, a union of several types, a class: taken as given
+        current = declared()  # an example value of the declared type
     target = type(current)
     if isinstance(current, bool):
         if isinstance(value, bool):
@@ -114,7 +191,7 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
         and not isinstance(value, bool)
     ):
         if target is int and isinstance(value, float) and not value.is_integer():
-            raise ConfigError(f"{key}: expected an integer, got {_short(value)}", key=key)
+            raise ConfigError(f"{key}: expected int, got {_short(value)} (float)", key=key)
         return target(value)
     if isinstance(current, str):
         return str(value)
@@ -127,6 +204,36 @@ def _coerce(value: Any, current: Any, key: str) -> Any:
     raise ConfigError(
         f"{key}: expected {target.__name__}, got {_short(value)} ({type(value).__name__})", key=key
     )
+
+
+_SIMPLE = (bool, int, float, str, list, tuple, dict)
+
+
+def _declared(hint: Any) -> tuple[bool, type | None]:
+    """Whether annotation ``hint`` admits None, and the one simple type it names besides.
+
+    Example:
+        >>> _declared(int | None), _declared(dict[str, Any]), _declared(int | str)
+        ((True, <class 'int'>), (False, <class 'dict'>), (False, None))
+    """
+    args = (
+        typing.get_args(hint)
+        if typing.get_origin(hint) in (typing.Union, types.UnionType)
+        else (hint,)
+    )
+    others = [a for a in args if a is not type(None)]
+    origin = (typing.get_origin(others[0]) or others[0]) if len(others) == 1 else None
+    return len(others) < len(args), origin if origin in _SIMPLE else None
+
+
+@functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """A dataclass's field annotations, resolved; none where they cannot be (a name
+    imported for type checkers only), and the field's current value then decides."""
+    try:
+        return typing.get_type_hints(cls)
+    except (NameError, TypeError, AttributeError):
+        return {}
 
 
 def _short(value: Any) -> str:
@@ -153,7 +260,7 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
     for item in overrides:
         if not item.partition("=")[0].strip() or "=" not in item:
             raise ConfigError(
-                f"override {_short(item)} is not of the form key=value (example: trainer.lr=1e-5)",
+                f"override {_short(item)} is not of the form key=value (keys: {_keys(cfg)})",
                 key=item,
             )
         key, _, raw = item.partition("=")
@@ -164,10 +271,31 @@ def apply_overrides(cfg: T, overrides: Iterable[str]) -> T:
                 key=key.strip(),
             )
         updates[key.strip()] = parse_value(raw.strip())
+    return apply_values(cfg, updates)
+
+
+def apply_values(cfg: T, updates: Mapping[str, Any]) -> T:
+    """:func:`apply_overrides` for values already read (a suite file's): a copy of
+    dataclass ``cfg`` with each dotted key set, converted and validated.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> @dataclass
+        ... class Demo:
+        ...     kwargs: dict = dataclasses.field(default_factory=dict)
+        >>> apply_values(Demo(), {"kwargs": {"max_turns": 3}}).kwargs
+        {'max_turns': 3}
+    """
     try:
-        return _apply(cfg, updates, prefix="")
+        return _apply(cfg, dict(updates), prefix="")
     except ConfigError as err:
         raise _naming_override(err, list(updates)) from err
+
+
+def _keys(cfg: Any, prefix: str = "") -> str:
+    """The top-level keys of ``cfg``, the first eight, for an error message."""
+    names = [f"{prefix}{f.name}" for f in dataclasses.fields(cfg)]
+    return ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
 
 
 def _naming_override(err: ConfigError, keys: list[str]) -> ConfigError:
@@ -201,17 +329,15 @@ def _apply(cfg: Any, updates: dict[str, Any], prefix: str) -> Any:
         head, _, rest = key.partition(".")
         full = f"{prefix}{key}"
         if head not in valid:
-            raise ConfigError(
-                f"unknown config key {full!r}{_nearest(full, field_names(cfg, prefix))}",
-                key=full,
-            )
+            hint = _nearest(full, field_names(cfg, prefix)) or f" (keys: {_keys(cfg, prefix)})"
+            raise ConfigError(f"unknown config key {full!r}{hint}", key=full)
         current = getattr(cfg, head)
         if rest:
             if not (dataclasses.is_dataclass(current) and not isinstance(current, type)):
                 raise ConfigError(f"{prefix}{head} has no sub-keys (got {full!r})", key=full)
             nested.setdefault(head, {})[rest] = value
         else:
-            direct[head] = _coerce(value, current, full)
+            direct[head] = _coerce(value, current, full, _hints(cfg.__class__).get(head))
     for head, sub in nested.items():
         direct[head] = _apply(getattr(cfg, head), sub, prefix=f"{prefix}{head}.")
     try:

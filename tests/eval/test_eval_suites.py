@@ -128,8 +128,12 @@ def test_command_line_errors_name_the_key(tiny_model_dir, tmp_path):
 
     fails(["suite=math"], "eval needs ckpt=")
     fails([f"ckpt={tiny_model_dir}"], "eval needs suite=")
-    fails([f"ckpt={tiny_model_dir}", "suite=math", "temperature=0"], "unknown key 'temperature'")
-    fails([f"ckpt={tiny_model_dir}", "suite=math", "seed=x"], "seed: expected an integer")
+    fails(
+        [f"ckpt={tiny_model_dir}", "suite=math", "temperature=0"],
+        "unknown config key 'temperature'",
+    )
+    fails([f"ckpt={tiny_model_dir}", "suite=math", "seed=x"], "seed: expected int")
+    fails([f"ckpt={tiny_model_dir}", "suite=math", "limit=1.5"], "limit: expected int")
     fails([f"ckpt={tmp_path}", "suite=math"], "is neither an HF checkpoint folder")
     fails([f"ckpt={tiny_model_dir}", "suite=math", "step=3"], "step: ")
     fails(["ckpt=http://127.0.0.1:9", "suite=math", "step=3"], "step: applies to a run folder")

@@ -68,9 +68,6 @@ from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
 from vime.runs.folder import is_run_folder
 from vime.types import Episode
 
-CLI_KEYS = ("ckpt", "suite", "out", "seed", "limit", "step", "tokenizer", "trace.lock_watch_s")
-
-
 # ---------------------------------------------------------------- running a suite
 
 
@@ -276,85 +273,71 @@ def _served_model_folder(url: str) -> Path:
 # ---------------------------------------------------------------- command line
 
 
-def _parse(argv: list[str]) -> tuple[dict[str, str], list[str]]:
-    """``key=value`` arguments: the eval keys, and the ``engine.*`` overrides."""
-    keys: dict[str, str] = {}
-    engine: list[str] = []
-    for arg in argv:
-        key, eq, value = arg.partition("=")
-        if not eq:
-            raise ConfigError(f"argument {arg!r} is not key=value (e.g. suite=math)", key=arg)
-        if key.startswith("engine."):
-            engine.append(arg.removeprefix("engine."))
-        elif key in CLI_KEYS:
-            keys[key] = value
-        else:
-            raise ConfigError(
-                f"unknown key {key!r}; eval takes {list(CLI_KEYS)} and engine.KEY=VALUE "
-                "(vime-agent eval --help)",
-                key=key,
-            )
+@dataclass
+class EvalTrace:
+    """Eval's ``trace.*`` key: ``lock_watch_s``, bounded as training bounds it."""
+
+    lock_watch_s: float = LOCK_WATCH_S
+
+    def __post_init__(self) -> None:
+        TraceConfig(lock_watch_s=self.lock_watch_s)  # training's check and message
+
+
+@dataclass
+class EvalCommand:
+    """The keys of ``vime-agent eval`` (the module docstring says what each does);
+    ``engine.KEY=VALUE`` set the :class:`EngineConfig` of the engine eval launches.
+
+    Example:
+        >>> cmd = parse_command(["ckpt=runs/r", "suite=math", "seed=1", "engine.dtype=float32"])
+        >>> cmd.seed, cmd.engine.dtype, cmd.trace.lock_watch_s
+        (1, 'float32', 120.0)
+    """
+
+    ckpt: str = ""
+    suite: str = ""
+    out: str = ""
+    seed: int | None = None
+    limit: int | None = None
+    step: int | None = None
+    tokenizer: str = ""
+    trace: EvalTrace = dataclasses.field(default_factory=EvalTrace)
+    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+
+
+def parse_command(argv: list[str]) -> EvalCommand:
+    """``vime-agent eval``'s ``key=value`` arguments; ``ckpt=`` and ``suite=`` are needed."""
+    cmd = apply_overrides(EvalCommand(), argv)
     for key in ("ckpt", "suite"):
-        if not keys.get(key):
+        if not getattr(cmd, key):
             raise ConfigError(
                 f"eval needs {key}= (e.g. ckpt=runs/RUN suite=math; bundled suites: "
                 f"{list(BUNDLED_SUITES)})",
                 key=key,
             )
-    return keys, engine
+    return cmd
 
 
-def _int(keys: dict[str, str], key: str) -> int | None:
-    if key not in keys:
-        return None
-    try:
-        return int(keys[key])
-    except ValueError:
-        raise ConfigError(f"{key}: expected an integer, got {keys[key]!r}", key=key) from None
-
-
-def _lock_watch_s(keys: dict[str, str]) -> float:
-    """``trace.lock_watch_s=`` checked as training checks it (:class:`TraceConfig`).
-
-    Example:
-        >>> _lock_watch_s({"trace.lock_watch_s": "30"}), _lock_watch_s({})
-        (30.0, 120.0)
-    """
-    text = keys.get("trace.lock_watch_s")
-    if text is None:
-        return LOCK_WATCH_S
-    try:
-        value = float(text)
-    except ValueError:
-        raise ConfigError(
-            f"trace.lock_watch_s: expected seconds, got {text!r}", key="trace.lock_watch_s"
-        ) from None
-    return TraceConfig(lock_watch_s=value).lock_watch_s
-
-
-@dataclass
-class _Engine:
-    engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
-
-
-def _engine_config(engine_args: list[str], suite: Suite, ckpt: Checkpoint) -> EngineConfig:
-    """The launched engine's settings: ``engine.*`` overrides, and a context window that
-    fits the suite's longest ``max_model_len`` unless ``engine.max_model_len`` is given."""
-    if ckpt.url and engine_args:
+def _engine_config(
+    cmd: EvalCommand, given: list[str], suite: Suite, ckpt: Checkpoint
+) -> EngineConfig:
+    """The launched engine's settings: ``engine.*`` overrides (the keys ``given``), and a
+    context window that fits the suite's longest ``max_model_len`` unless
+    ``engine.max_model_len`` is given."""
+    if ckpt.url and given:
         raise ConfigError(
             "engine.*: apply only when eval launches the engine; ckpt is the running engine "
             f"{ckpt.url}",
             key="engine",
         )
-    if any(a.startswith("url=") for a in engine_args):
+    if "engine.url" in given:
         raise ConfigError(
             "engine.url: to evaluate a running engine give ckpt=URL (it serves its own weights, "
             "not those of a folder)",
             key="engine.url",
         )
-    # Through a holder, so that errors name the full key (engine.dtype) and its neighbours.
-    cfg = apply_overrides(_Engine(), [f"engine.{a}" for a in engine_args]).engine
-    if not any(a.startswith("max_model_len=") for a in engine_args):
+    cfg = cmd.engine
+    if "engine.max_model_len" not in given:
         longest = max(s.collector.max_model_len for s in suite.sets)
         cfg = dataclasses.replace(cfg, max_model_len=max(cfg.max_model_len, longest))
     return cfg
@@ -367,28 +350,26 @@ def main(argv: list[str]) -> int:
         return 0
     if argv and argv[0] == "compare":
         return compare_main(argv[1:])
-    keys, engine_args = _parse(argv)
-    watch_s = _lock_watch_s(keys)
-    suite = load_suite(keys["suite"]).with_settings(seed=_int(keys, "seed"))
-    if (limit := _int(keys, "limit")) is not None:
-        suite = suite.with_settings(limit=limit)
-    ckpt = resolve_checkpoint(
-        keys["ckpt"], keys["suite"], step=_int(keys, "step"), tokenizer=keys.get("tokenizer", "")
-    )
-    out = Path(keys.get("out") or ckpt.out)
-    engine_cfg = _engine_config(engine_args, suite, ckpt)
+    cmd = parse_command(argv)
+    suite = load_suite(cmd.suite).with_settings(seed=cmd.seed)
+    if cmd.limit is not None:
+        suite = suite.with_settings(limit=cmd.limit)
+    ckpt = resolve_checkpoint(cmd.ckpt, cmd.suite, step=cmd.step, tokenizer=cmd.tokenizer)
+    out = Path(cmd.out or ckpt.out)
+    given = [k for a in argv if (k := a.partition("=")[0].strip()).startswith("engine.")]
+    engine_cfg = _engine_config(cmd, given, suite, ckpt)
     if ckpt.url:
         engine_cfg = dataclasses.replace(engine_cfg, url=ckpt.url)
     check_envs(suite)
     with (
-        LockWatch(watch_s),  # env calls run in this process: one may hold the GIL
+        LockWatch(cmd.trace.lock_watch_s),  # env calls run in this process: one may hold the GIL
         serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server,
     ):
         policy = PolicyClient.from_urls(server.url)
         meta = {
             "checkpoint": str(ckpt.weights or ckpt.url),
             "engine": server.url if ckpt.url else "launched",
-            "seed": _int(keys, "seed"),
+            "seed": cmd.seed,
             "created": now(),
         }
 
@@ -414,6 +395,17 @@ def _print_summary(report: dict[str, Any]) -> None:
         print(f"{s['name']:<14} {scores}  tasks {agg['tasks']:.0f}  episodes {agg['episodes']:.0f}")
 
 
+@dataclass
+class CompareCommand:
+    """The keys of ``vime-agent eval compare A B ... [out=DIR]``: where it writes."""
+
+    out: str = "eval-compare"
+
+
+# key=value (out=DIR) as opposed to a report's path (which may hold a "=" after a "/")
+_KEY_VALUE = re.compile(r"[A-Za-z_][\w.]*=")
+
+
 def compare_main(argv: list[str]) -> int:
     """``vime-agent eval compare A B ... [out=DIR]``: reports side by side.
 
@@ -423,13 +415,8 @@ def compare_main(argv: list[str]) -> int:
     """
     from vime.eval.plots import plot_compare
 
-    out = Path("eval-compare")
-    sources = []
-    for arg in argv:
-        if arg.startswith("out="):
-            out = Path(arg.removeprefix("out="))
-        else:
-            sources.append(arg)
+    sources = [a for a in argv if not _KEY_VALUE.match(a)]
+    out = Path(apply_overrides(CompareCommand(), [a for a in argv if a not in sources]).out)
     if len(sources) < 2:
         raise ConfigError("eval compare: give two or more reports (folders or report.json)")
     comparison = compare_reports([read_report(s) for s in sources])

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.resources
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,7 +41,7 @@ from typing import Any
 import yaml
 
 from vime.agents.collector import CollectorConfig
-from vime.config import apply_overrides, require
+from vime.config import apply_values, require
 from vime.envs.tasks import Task, load_tasks
 from vime.errors import ConfigError, DataError, VimeError
 from vime.types import SamplingParams
@@ -217,10 +216,8 @@ def _parse_set(defaults: dict[str, Any], entry: Any, where: str) -> EvalSet:
     missing = [key for key in ("name", "env", "tasks") if key not in flat]
     if missing:
         raise ConfigError(f"{label}: missing key(s) {missing}", key=missing[0])
-    # JSON text is YAML: apply_overrides parses each value back to what the file said.
-    overrides = [f"{key}={json.dumps(value)}" for key, value in flat.items()]
-    try:
-        return apply_overrides(EvalSet(name="-", env="-", tasks="-"), overrides)
+    try:  # the file's values as read, not as text read again (a "\n" inside a string)
+        return apply_values(EvalSet(name="-", env="-", tasks="-"), flat)
     except VimeError as err:
         raise ConfigError(f"{label}: {err}", key=getattr(err, "key", None)) from err
 

@@ -33,11 +33,12 @@ from omegaconf import OmegaConf
 from vime.buffer import DataBuffer
 from vime.conf.compose import saved_run_config
 from vime.conf.train import TrainConfig
+from vime.config import require
 from vime.errors import ConfigError
 from vime.observability.metrics import MetricsLog
 from vime.rl.advantages import make_samples, needs_reference
-from vime.runs.folder import RunDir, run_folder
-from vime.runs.reading import parse_options, run_tokenizer
+from vime.runs.folder import RunDir
+from vime.runs.reading import open_run, run_tokenizer
 from vime.types import Sample
 
 log = logging.getLogger("vime.replay")
@@ -173,17 +174,29 @@ def _print(report: ReplayReport, rtol: float) -> None:
     print(f"loss {report.loss:.9g}, recorded {recorded}: {verdict} (rtol {rtol:g})")
 
 
+@dataclass
+class ReplayOptions:
+    """The keys of ``vime-agent replay RUN``: the step (needed), how many of the worst
+    tokens to print, and the loss's relative tolerance."""
+
+    step: int | None = None
+    worst: int = 5
+    rtol: float = 1e-5
+
+    def __post_init__(self) -> None:
+        require(self.worst >= 0, "worst", f"={self.worst} must be >= 0")
+        require(self.rtol >= 0, "rtol", f"={self.rtol} must be >= 0")
+
+
 def main(argv: list[str]) -> int:
     """``vime-agent replay RUN step=N [worst=5] [rtol=1e-5]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0])
+    if (opened := open_run(argv, ReplayOptions(), __doc__ or "")) is None:
         return 0
-    run = run_folder(argv[0])
-    opts = parse_options(argv[1:], {"step": None, "worst": 5, "rtol": 1e-5})
-    if opts["step"] is None or opts["step"] < 1:
+    run, opts = opened
+    if opts.step is None or opts.step < 1:
         raise ConfigError("step=N: which trained step to replay (N >= 1)", key="step")
     logging.basicConfig(level=logging.WARNING)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    report = replay(run, opts["step"], worst=opts["worst"])
-    _print(report, opts["rtol"])
-    return 0 if report.reproduced(opts["rtol"]) else 1
+    report = replay(run, opts.step, worst=opts.worst)
+    _print(report, opts.rtol)
+    return 0 if report.reproduced(opts.rtol) else 1

@@ -1,28 +1,29 @@
-"""A run's trainer (Megatron) checkpoint as an HF folder that transformers and vLLM load.
+"""``vime-agent export RUN [step=N] out=DIR``: a run's trainer (Megatron) checkpoint as an
+HF folder that transformers and vLLM load.
 
-``vime-agent export RUN [step=N] --out DIR`` rebuilds the trainer with the run's settings
-on the run's architecture, loads ``RUN/checkpoints/step_N`` (default: the newest complete
-one) and writes its weights in the HF layout (names and dtypes of the run's own weight
-exports) with the config and tokenizer. ``DIR`` is written as ``DIR.partial`` and renamed
-once whole, so a killed export never looks like weights. :func:`export_checkpoint` is the
-same export that ``vime-agent eval ckpt=RUN step=N`` uses when the run no longer keeps
-that step's weights.
+It rebuilds the trainer with the run's settings on the run's architecture, loads
+``RUN/checkpoints/step_N`` (default: the newest complete one) and writes its weights in
+the HF layout (names and dtypes of the run's own weight exports) with the config and
+tokenizer. ``DIR`` (also given as ``--out DIR``) must be new or empty; it is written as
+``DIR.partial`` and renamed once whole, so a killed export never looks like weights.
+:func:`export_checkpoint` is the same export that ``vime-agent eval ckpt=RUN step=N``
+uses when the run no longer keeps that step's weights.
 
 Example:
-    $ vime-agent export runs/20261130-061500-math step=20 --out /tmp/math-step20
+    $ vime-agent export runs/20261130-061500-math step=20 out=/tmp/math-step20
     $ python -c "import transformers; transformers.AutoModelForCausalLM.from_pretrained('/tmp/math-step20')"
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import shutil
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from vime.errors import ConfigError
-from vime.runs.folder import run_folder
+from vime.runs.reading import open_run
 
 
 def _published_weights(run: Path) -> list[Path]:
@@ -83,33 +84,46 @@ def run_checkpoints(run: Path) -> dict[int, Path]:
     }
 
 
-def _parse(argv: list[str]) -> tuple[Path, int | None, Path]:
-    parser = argparse.ArgumentParser(
-        prog="vime-agent export",
-        description="Write a run's trainer checkpoint as an HF folder (transformers, vLLM).",
-    )
-    parser.add_argument("run", help="the run folder (runs/NAME)")
-    parser.add_argument("step", nargs="?", default="", help="step=N (default: the newest)")
-    parser.add_argument("--out", required=True, help="the HF folder to write (must not exist)")
-    args = parser.parse_args(argv)
+@dataclass
+class ExportOptions:
+    """The keys of ``vime-agent export RUN``: the step (default: the newest complete
+    checkpoint) and the HF folder to write (needed)."""
+
     step: int | None = None
-    if args.step:
-        key, _, value = args.step.partition("=")
-        if key != "step" or not value.isdigit():
-            raise ConfigError(f"{args.step!r}: expected step=N (an integer)", key="step")
-        step = int(value)
-    return Path(args.run), step, Path(args.out)
+    out: str = ""
+
+
+def _out_flag(argv: list[str]) -> list[str]:
+    """``--out DIR`` (the form before ``out=DIR``, still taken) as ``out=DIR``, last.
+
+    Example:
+        >>> _out_flag(["--out", "/tmp/x", "runs/r", "step=2"])
+        ['runs/r', 'step=2', 'out=/tmp/x']
+    """
+    rest, outs = list(argv), []
+    while "--out" in rest:
+        at = rest.index("--out")
+        if at + 1 == len(rest):
+            raise ConfigError("out: --out needs a folder (or give out=DIR)", key="out")
+        outs.append(f"out={rest.pop(at + 1)}")
+        rest.pop(at)
+    outs += [f"out={a.removeprefix('--out=')}" for a in rest if a.startswith("--out=")]
+    return [a for a in rest if not a.startswith("--out=")] + outs
 
 
 def main(argv: list[str]) -> int:
-    """``vime-agent export RUN [step=N] --out DIR``; prints the folder written."""
-    run, step, out = _parse(argv)
-    run_folder(run, key="run")
+    """``vime-agent export RUN [step=N] out=DIR``; prints the folder written."""
+    if (opened := open_run(_out_flag(argv), ExportOptions(), __doc__ or "")) is None:
+        return 0
+    run, opts = opened
+    if not opts.out:
+        raise ConfigError("out: give out=DIR, the HF folder to write (new or empty)", key="out")
+    out, step = Path(opts.out), opts.step
     if out.exists() and any(out.iterdir()):
         raise ConfigError(f"out: {out} exists and is not empty; give a new folder", key="out")
     checkpoints = run_checkpoints(run)
     if not checkpoints:
-        raise ConfigError(f"run: {run} has no complete checkpoint yet", key="run")
+        raise ConfigError(f"RUN: {run} has no complete checkpoint yet", key="RUN")
     step = max(checkpoints) if step is None else step
     if step not in checkpoints:
         raise ConfigError(

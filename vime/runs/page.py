@@ -26,13 +26,14 @@ import html
 import logging
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from vime.buffer import DataBuffer
+from vime.config import require
 from vime.observability.metrics import MetricsLog, plot_curves
-from vime.runs.folder import run_folder
-from vime.runs.reading import parse_options, run_config, run_tokenizer
+from vime.runs.reading import open_run, run_config, run_tokenizer
 from vime.runs.show import episode_html, richest_episode, standalone_html
 
 CURVES = (
@@ -185,12 +186,22 @@ def _episodes(run: Path, steps_shown: int, per_step: int) -> str:
     return "\n".join(parts)
 
 
+@dataclass
+class PageOptions:
+    """The keys of ``vime-agent page RUN``: where the page goes (default
+    ``<run>/index.html``) and how many of the last steps' episodes it holds."""
+
+    out: str = ""
+    steps: int = 5
+
+    def __post_init__(self) -> None:
+        require(self.steps >= 1, "steps", f"={self.steps} must be >= 1 (the steps shown)")
+
+
 def main(argv: list[str]) -> int:
     """``vime-agent page RUN [out=FILE] [steps=5]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0])
+    if (opened := open_run(argv, PageOptions(), __doc__ or "")) is None:
         return 0
-    run = run_folder(argv[0])
-    opts = parse_options(argv[1:], {"out": "", "steps": 5})
-    print(write_run_page(run, steps_shown=opts["steps"], out=opts["out"]))
+    run, opts = opened
+    print(write_run_page(run, steps_shown=opts.steps, out=opts.out))
     return 0

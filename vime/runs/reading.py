@@ -1,22 +1,46 @@
-"""Reading a finished (or running) run folder: its episodes, tokenizer and options.
+"""Reading a finished (or running) run folder: its command line, episodes and tokenizer.
 
-Shared by ``vime-agent show``, ``trace`` and ``page``; nothing here writes.
+Shared by ``vime-agent show``, ``trace``, ``page``, ``replay`` and ``export``; nothing
+here writes.
 
 Example:
-    >>> parse_options(["step=3", "logprobs=true"], {"step": 0, "logprobs": False})
-    {'step': 3, 'logprobs': True}
+    >>> from dataclasses import dataclass
+    >>> @dataclass
+    ... class Options:
+    ...     step: int | None = None
+    ...     logprobs: bool = False
+    >>> import tempfile
+    >>> run = Path(tempfile.mkdtemp())
+    >>> _ = (run / "config.yaml").write_text("steps: 3")
+    >>> open_run([str(run), "step=3", "logprobs=true"], Options(), "")[1]
+    Options(step=3, logprobs=True)
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
 from vime.buffer import DataBuffer
+from vime.config import apply_overrides
 from vime.errors import ConfigError
+from vime.runs.folder import run_folder
 from vime.types import Episode
+
+T = TypeVar("T")
+
+
+def open_run(argv: list[str], options: T, doc: str) -> tuple[Path, T] | None:
+    """A run reader's command line, ``RUN [key=value ...]``: the run folder, and the
+    ``options`` dataclass with the keys applied (errors name the key). With ``-h`` or
+    ``--help``, or no RUN, it prints ``doc``'s first paragraph and returns None.
+    """
+    if not argv or any(a in ("-h", "--help") for a in argv):
+        print(doc.split("\n\n")[0])
+        return None
+    return run_folder(argv[0]), apply_overrides(options, argv[1:])
 
 
 def run_config(run_dir: Path) -> dict[str, Any]:
@@ -49,27 +73,3 @@ def run_tokenizer(run_dir: Path) -> Any:
     from vime.models.tiny import build_tiny_model
 
     return AutoTokenizer.from_pretrained(str(build_tiny_model()))
-
-
-def parse_options(argv: list[str], defaults: dict[str, Any]) -> dict[str, Any]:
-    """``key=value`` arguments over ``defaults`` (typed like the default; ``None``
-    defaults take ints). An unknown key or a bad value names the key and the choices."""
-    out = dict(defaults)
-    for arg in argv:
-        key, sep, value = arg.partition("=")
-        if not sep or key not in defaults:
-            raise ConfigError(
-                f"{arg!r}: expected key=value with key one of {sorted(defaults)}", key=key
-            )
-        kind = type(defaults[key]) if defaults[key] is not None else int
-        try:
-            out[key] = _bool(value) if kind is bool else kind(value)
-        except ValueError:
-            raise ConfigError(f"{key}={value!r}: must be a {kind.__name__}", key=key) from None
-    return out
-
-
-def _bool(value: str) -> bool:
-    if value.lower() not in ("true", "false", "1", "0"):
-        raise ValueError(value)
-    return value.lower() in ("true", "1")

@@ -32,8 +32,7 @@ from rich.table import Table
 from rich.text import Text
 
 from vime.errors import ConfigError
-from vime.runs.folder import run_folder
-from vime.runs.reading import parse_options, run_tokenizer, step_episodes
+from vime.runs.reading import open_run, run_tokenizer, step_episodes
 from vime.types import Episode
 
 EPISODE_CSS = """
@@ -183,16 +182,24 @@ def richest_episode(episodes: list[Episode]) -> int:
     return next(i for i, ep in enumerate(episodes) if len(ep.turns) == most)
 
 
+@dataclass
+class ShowOptions:
+    """The keys of ``vime-agent show RUN`` (the module docstring says what each does)."""
+
+    step: int | None = None  # default: the last step buffered
+    episode: int | None = None  # default: list the step's episodes, show the richest
+    logprobs: bool = False
+    html: str = ""
+
+
 def main(argv: list[str]) -> int:
     """``vime-agent show RUN [step=N] [episode=K] [logprobs=true] [html=FILE]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0])
+    if (opened := open_run(argv, ShowOptions(), __doc__ or "")) is None:
         return 0
-    run = run_folder(argv[0])
-    opts = parse_options(argv[1:], {"step": None, "episode": None, "logprobs": False, "html": ""})
-    step, episodes = step_episodes(run, opts["step"])
+    run, opts = opened
+    step, episodes = step_episodes(run, opts.step)
     console = Console(highlight=False, soft_wrap=True)
-    if opts["episode"] is None:
+    if opts.episode is None:
         listing = Table("#", "task", "status", "reward", "turns", "sampled", title=f"step {step}")
         for i, ep in enumerate(episodes):
             listing.add_row(
@@ -200,17 +207,17 @@ def main(argv: list[str]) -> int:
                 str(ep.num_sampled_tokens),
             )  # fmt: skip
         console.print(listing)
-    index = richest_episode(episodes) if opts["episode"] is None else opts["episode"]
+    index = richest_episode(episodes) if opts.episode is None else opts.episode
     if not 0 <= index < len(episodes):
         raise ConfigError(
             f"episode={index}: step {step} has episodes 0..{len(episodes) - 1}", key="episode"
         )
     tokenizer = run_tokenizer(run)
-    render(episodes[index], tokenizer, console, step, index, opts["logprobs"])
-    if opts["html"]:
-        body = episode_html(episodes[index], tokenizer, step, index, opts["logprobs"])
-        Path(opts["html"]).write_text(standalone_html(f"{run.name} step {step}", body))
-        console.print(f"wrote {opts['html']}")
+    render(episodes[index], tokenizer, console, step, index, opts.logprobs)
+    if opts.html:
+        body = episode_html(episodes[index], tokenizer, step, index, opts.logprobs)
+        Path(opts.html).write_text(standalone_html(f"{run.name} step {step}", body))
+        console.print(f"wrote {opts.html}")
     return 0
 
 

@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from vime.errors import ConfigError
 from vime.observability.step_trace import trace_path
 from vime.observability.trace import KINDS
-from vime.runs.folder import run_folder
-from vime.runs.reading import parse_options
+from vime.runs.reading import open_run
 
 # Bar height by nesting: an episode lane holds episode > turn > engine request / env step.
 _HEIGHT = {"episode": 0.8, "turn": 0.6, "train_micro_batch": 0.6, "weight_sync": 0.8}
@@ -80,23 +80,29 @@ def render_timeline(trace_file: str | Path, out: str | Path) -> Path:
     return out
 
 
+@dataclass
+class TraceOptions:
+    """The keys of ``vime-agent trace RUN``: the step (needed) and where the PNG goes."""
+
+    step: int | None = None
+    out: str = ""
+
+
 def main(argv: list[str]) -> int:
     """``vime-agent trace RUN step=N [out=FILE]``."""
-    if not argv or argv[0] in ("-h", "--help"):
-        print(__doc__.split("\n\n")[0])
+    if (opened := open_run(argv, TraceOptions(), __doc__ or "")) is None:
         return 0
-    run = run_folder(argv[0])
-    opts = parse_options(argv[1:], {"step": None, "out": ""})
-    if opts["step"] is None:
+    run, opts = opened
+    if opts.step is None:
         raise ConfigError("step=N: which step's timeline to draw", key="step")
-    source = trace_path(run, opts["step"])
+    source = trace_path(run, opts.step)
     if not source.exists():
         have = sorted(p.stem for p in (run / "traces").glob("step_*.json"))
         raise ConfigError(
-            f"step={opts['step']}: no trace at {source} (traces: {have or 'none'}); "
+            f"step={opts.step}: no trace at {source} (traces: {have or 'none'}); "
             "traces are written by runs with trace.enabled=true",
             key="step",
         )
-    out = render_timeline(source, opts["out"] or source.with_suffix(".png"))
+    out = render_timeline(source, opts.out or source.with_suffix(".png"))
     print(out)
     return 0
