@@ -130,13 +130,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = _task_sources(cfg)
         start = _restore(run, group, tasks)
-        # Entered before the recorder, so the page is drawn after its sinks are closed.
-        cleanup.enter_context(rewrite_at_end(run.root, cfg.metrics.page))
-        metrics_log = cleanup.enter_context(
-            StepRecorder(run.root, cfg.metrics, cfg.trace, fleet.urls, sources=[take_figures])
-        )
-        buffer = DataBuffer(run.root)
-        cleanup.callback(buffer.close)
+        metrics_log, buffer = _run_writers(cfg, run, fleet.urls, cleanup)
         engines, policy, sync = _engine_clients(cfg, fleet, group, run, start, external)
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
@@ -179,6 +173,21 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 # ---------------------------------------------------------------- setup helpers
+
+
+def _run_writers(
+    cfg: TrainConfig, run: RunDir, engine_urls: list[str], cleanup: contextlib.ExitStack
+) -> tuple[StepRecorder, DataBuffer]:
+    """(Rank 0.) What the run writes each step, closed by ``cleanup``: the metrics and
+    traces, and the episode buffer; the run page is drawn at a clean end, after the
+    recorder's sinks are closed (it is entered first, so it exits last)."""
+    cleanup.enter_context(rewrite_at_end(run.root, cfg.metrics.page))
+    recorder = cleanup.enter_context(
+        StepRecorder(run.root, cfg.metrics, cfg.trace, engine_urls, sources=[take_figures])
+    )
+    buffer = DataBuffer(run.root)
+    cleanup.callback(buffer.close)
+    return recorder, buffer
 
 
 def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
