@@ -3,6 +3,7 @@ by ``apply_overrides`` and so by every command that reads its keys through it.""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,3 +116,10 @@ def test_optional_fields_are_checked() -> None:
     with pytest.raises(ConfigError, match="step: expected int") as err:
         parse_command(["ckpt=runs/r", "suite=math", "step=abc"])
     assert err.value.key == "step"
+
+
+def test_a_json_value_keeps_its_escapes():
+    """A regex in JSON (own-agent's structured outputs) reads as JSON reads it."""
+    regex = r'(<tool_call>\n\{"name": "add"\}|The answer is \\boxed\{[5-8]\}\.)'
+    text = json.dumps({"structured_outputs": {"regex": regex}})
+    assert parse_value(text) == {"structured_outputs": {"regex": regex}}

@@ -22,6 +22,7 @@ import contextlib
 import dataclasses
 import difflib
 import functools
+import json
 import re
 import types
 import typing
@@ -86,9 +87,10 @@ def field_names(cfg: Any, prefix: str = "") -> list[str]:
 
 def parse_value(text: str) -> Any:
     """Read a command-line value as ``vime-agent train`` reads it, with Hydra's override
-    grammar: numbers, bools, null, lists and mappings; quoted text stays text. JSON's quoted
-    keys (``{"top_k": 2}``) are read unquoted; a mapping or list the grammar still refuses
-    is read as YAML, and other text it refuses stays text.
+    grammar: numbers, bools, null, lists and mappings; quoted text stays text. A mapping or
+    list written as JSON is read as JSON (its escapes: ``\\n`` in a regex), as train reads
+    it; JSON-like quoted keys mixed with the grammar's (``{"top_k": 2, n: 1}``) are read
+    unquoted; a mapping or list still refused is read as YAML, other refused text stays text.
 
     Example:
         >>> parse_value("[1, 2]"), parse_value("0.5"), parse_value("[oops")
@@ -96,12 +98,15 @@ def parse_value(text: str) -> Any:
         >>> parse_value("{max_turns: 3}"), parse_value('{"repetition_penalty": 1.1}')
         ({'max_turns': 3}, {'repetition_penalty': 1.1})
     """
+    if text.startswith(("{", "[")):  # JSON as JSON, as train reads it: its escapes
+        with contextlib.suppress(ValueError):  # (a regex's \\n) are not the grammar's
+            return json.loads(text)
     value = _hydra_value(text)
     if _plain(value):  # not refused, nor a sweep (a,b or range(3)), which is text here
         return value
     if not text.startswith(("{", "[")):
         return text
-    # JSON's quoted keys ({"repetition_penalty": 1.1}), which the grammar refuses
+    # JSON-like quoted keys ({"top_k": 2, a: 1}), which the grammar refuses
     value = _hydra_value(_QUOTED_KEY.sub(_unquoted_key, text))
     if _plain(value):
         return value

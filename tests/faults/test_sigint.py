@@ -68,7 +68,11 @@ def test_sigint_saves_stops_the_engine_and_resumes(tmp_path):
     assert not port_in_use("127.0.0.1", port)
     check_buffer(run, last, args)  # the interrupted step was not buffered
 
-    resumed = [*args[:1], f"steps={last + 1}", *args[2:], f"resume={run}"]
+    resumed = [
+        *(a for a in args if not a.startswith("steps=")),
+        f"steps={last + 1}",
+        f"resume={run}",
+    ]
     again = start_train(tmp_path, resumed, "resume.log")
     assert again.wait(timeout=300) == 0, (tmp_path / "resume.log").read_text()[-4000:]
     assert f"resumed from {folder} (step {last})" in (tmp_path / "resume.log").read_text()
