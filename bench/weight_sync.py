@@ -94,7 +94,7 @@ def build_trainer(folder: Path) -> Any:
 
 def raw_sync(backend: str, client: Any, tensors: dict[str, Any], nccl: Any, bucket: int) -> float:
     """vLLM's calls alone on a plain tensor dict; returns seconds."""
-    from vime.sync import gpu as gpu_sync
+    from vime.sync import transfer as gpu_sync
 
     t0 = time.perf_counter()
     client.start_weight_update()
@@ -120,10 +120,11 @@ def measure(backend: str, group: Any, server: Any, reps: int, buckets: list[int]
     import torch
 
     from vime.engine import EngineClient
-    from vime.sync.gpu import GpuWeightSync, hf_gpu_state
+    from vime.sync.gpu import GpuWeightSync
+    from vime.sync.transfer import hf_gpu_state
 
     client = EngineClient(server.url, timeout_s=600)
-    sync = GpuWeightSync(group, [client], "unused", backend=backend, dtype="bfloat16")
+    sync = GpuWeightSync(group, [client], backend=backend, dtype="bfloat16", timeout_s=600)
     first = sync.sync(1)
     gathered = hf_gpu_state(group.trainer.module, "bfloat16", everywhere=False) or {}
     plain = {k: v.clone() for k, v in gathered.items()}  # a plain dict: the same bytes
@@ -141,11 +142,12 @@ def measure(backend: str, group: Any, server: Any, reps: int, buckets: list[int]
 def timed(backend: str, sync: Any, client: Any, plain: Any, reps: int) -> dict[str, Any]:
     """Medians of ``reps`` raw and vime syncs at the sync's bucket size, and the ratios."""
     params = sum(t.numel() for t in plain.values())
-    raw_sync(backend, client, plain, sync.nccl, sync.bucket_bytes)  # warm-up
+    nccl = sync.group.sender.nccl  # the trainer's group with the engine, built by vime's sync
+    raw_sync(backend, client, plain, nccl, sync.bucket_bytes)  # warm-up
     sync.sync(sync.version + 1)
     vime, raw = [], []
     for _ in range(reps):
-        raw.append(raw_sync(backend, client, plain, sync.nccl, sync.bucket_bytes))
+        raw.append(raw_sync(backend, client, plain, nccl, sync.bucket_bytes))
         vime.append(sync.sync(sync.version + 1))
     split = {k: statistics.median(s[k] for s in vime) for k in vime[0]}
     raw_s = statistics.median(raw)

@@ -38,7 +38,7 @@ from vime.errors import ConfigError, TrainerError
 from vime.net import address_towards
 from vime.placement.config import Cluster, Layout, PlacementConfig, check_placement
 from vime.placement.trainer_process import TrainerProcess
-from vime.sync.gpu import Push, gather_and_push
+from vime.sync.transfer import EngineSender, Transfer, gather_and_push
 from vime.trainer.critic import Critic, checkpoint_folder
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
@@ -181,6 +181,8 @@ class TrainerGroup:
         self.reference = reference  # the frozen π_ref of a KL term, on every rank
         self.critic = critic  # the learned value function of algorithm.advantage=gae
         self.remote = remote  # placement.trainer_process: the trainer's own process
+        # GPU sync: rank 0 drives the engines and keeps its NCCL group between syncs.
+        self.sender = EngineSender() if ranks.is_driver else None
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
 
@@ -206,10 +208,10 @@ class TrainerGroup:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
         return self._call("export_hf", str(folder))
 
-    def send_weights(self, push: Push, dtype: str, everywhere: bool) -> dict[str, float]:
+    def send_weights(self, transfer: Transfer, dtype: str) -> dict[str, float]:
         """GPU weight sync: every rank gathers the HF tensors on its GPU (TP shards once),
-        then runs ``push`` (rank 0 drives the engines; see :mod:`vime.sync.gpu`)."""
-        return self._call("send_weights", push, dtype, everywhere)
+        then rank 0 drives the engines through ``transfer`` (see :mod:`vime.sync.transfer`)."""
+        return self._call("send_weights", transfer, dtype)
 
     def save_checkpoint(self, folder: str | Path) -> Path:
         """A Megatron distributed checkpoint, written by every rank (with a critic, its own
@@ -253,7 +255,8 @@ class TrainerGroup:
             restarted = self.fleet.restart_dead()
             return [url for urls in self.ranks.all_gather(restarted) for url in urls]
         if name == "send_weights" and self.trainer is not None:
-            return gather_and_push(self.trainer.module, *args)
+            transfer, dtype = args
+            return gather_and_push(self.trainer.module, transfer, dtype, self.sender)
         if name == "reference_logprobs":
             if self.reference is None:
                 raise TrainerError("no reference model: the run has no KL term")
