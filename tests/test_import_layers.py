@@ -1,6 +1,7 @@
 """vime's import layers, read from the source with ``ast`` (nothing is imported).
 
-Layers, lowest first: the core files (``errors types config net paths gc_freeze``) → the rooms
+Layers, lowest first: the core files (``errors types config net paths gc_freeze
+extensions``) → the rooms
 that use only them and each other (``models observability buffer envs sandbox engine
 trainer``) → ``agents runs`` → ``sync placement`` → ``eval conf`` → ``rl`` (the loop) →
 ``cli``. A package may import its own layer's neighbours and anything below, never above;
@@ -20,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 ROOT = REPO / "vime"
 SUITES = REPO / "envs"  # installed as vime.suites
-CORE = {"errors", "types", "config", "net", "paths", "gc_freeze"}
+CORE = {"errors", "types", "config", "net", "paths", "gc_freeze", "extensions"}
 LAYER = {
     **dict.fromkeys(CORE, 0),
     "models": 1,
