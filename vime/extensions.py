@@ -34,12 +34,14 @@ def load_function(
     *,
     signature: str,
     params: Sequence[str] = (),
+    positional: int = 0,
     asynchronous: bool | None = None,
 ) -> Callable[..., Any]:
     """The function ``spec`` names, checked against how vime calls it.
 
     ``params``: the keyword arguments vime passes (the function must accept each, by name
-    or through ``**kwargs``, and need no other). ``asynchronous``: ``True`` where vime
+    or through ``**kwargs``, and need no other); ``positional``: how many arguments vime
+    passes by position before them. ``asynchronous``: ``True`` where vime
     awaits the result (``async def`` required), ``None`` where either kind works (see
     :func:`call`). ``signature`` is shown in every error.
 
@@ -68,7 +70,7 @@ def load_function(
             f"'async def'; expected {signature}",
             key=key,
         )
-    _check_params(fn, spec, key, signature, params)
+    _check_params(fn, spec, key, signature, params, positional)
     return fn
 
 
@@ -130,14 +132,19 @@ def _import(where: str, key: str, signature: str) -> Any:
 
 
 def _check_params(
-    fn: Callable[..., Any], spec: str, key: str, signature: str, params: Sequence[str]
+    fn: Callable[..., Any],
+    spec: str,
+    key: str,
+    signature: str,
+    params: Sequence[str],
+    positional: int,
 ) -> None:
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         return  # a builtin without a signature: it is called and fails at that point
     try:
-        sig.bind(**dict.fromkeys(params))
+        sig.bind(*[None] * positional, **dict.fromkeys(params))
     except TypeError as err:
         raise ConfigError(
             f"{key}: {spec}{sig} cannot be called as vime calls it ({err}); expected {signature}",

@@ -57,14 +57,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vime import gc_freeze
-from vime.agents.episode import EnvFactory, EpisodeContext, EpisodeRun
+from vime.agents.episode import EnvFactory, EpisodeContext
+from vime.agents.generate import GenerateContext, GenerateFn, SampledPolicy, play_env, run_generate
 from vime.agents.policy_client import EngineUnavailableError, PolicyClient
 from vime.agents.progress import CollectProgress
+from vime.agents.rewards import Rewards
 from vime.agents.tool_parsers import PARSERS, get_parser
 from vime.agents.turn_samples import check_template_keys
 from vime.config import require, require_choice
 from vime.errors import EnvError
-from vime.observability.trace import TRACE
 from vime.types import Episode, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -157,13 +158,21 @@ class Collector:
         client: the policy servers.
         tokenizer: a Hugging Face tokenizer (with a chat template), or a path to load one from.
         config: a :class:`CollectorConfig`.
+        rewards: ``rollout.reward`` and ``rollout.group_reward``, which score every finished
+            episode and group (:mod:`vime.agents.rewards`); None: the env's reward.
 
     Example (skipped as a doctest: it needs a running vLLM server at ``url``):
         >>> collector = Collector(PolicyClient.from_urls(url), model_dir)  # doctest: +SKIP
     """
 
     def __init__(
-        self, client: PolicyClient, tokenizer: Any, config: CollectorConfig | None = None
+        self,
+        client: PolicyClient,
+        tokenizer: Any,
+        config: CollectorConfig | None = None,
+        *,
+        generate: GenerateFn | None = None,
+        rewards: Rewards | None = None,
     ) -> None:
         if isinstance(tokenizer, str) or hasattr(tokenizer, "__fspath__"):
             from transformers import AutoTokenizer
@@ -177,6 +186,10 @@ class Collector:
         self._abort = asyncio.Event()
         self._budget: int | None = None
         self._prompt_cache: dict[str, list[int]] = {}
+        # rollout.generate: a user's per-sample function (vime.agents.generate); None:
+        # the built-in env loop, play_env.
+        self.generate = generate
+        self.rewards = rewards or Rewards()
 
     # ------------------------------------------------------------------ public API
 
@@ -259,10 +272,12 @@ class Collector:
         new group, or just the jobs ``only`` lists (a re-run).
         """
         factory = env_factory(env)
+        env_id = env if isinstance(env, str) else ""
         for task in tasks:
             check_task(task)
         jobs: asyncio.Queue[tuple[int, int, str] | None] = asyncio.Queue()
-        for job in only if only is not None else self._jobs(tasks):
+        planned = only if only is not None else self._jobs(tasks)
+        for job in planned:
             jobs.put_nowait(job)
         total = jobs.qsize()
         if total == 0:
@@ -271,6 +286,7 @@ class Collector:
         for _ in range(workers):
             jobs.put_nowait(None)  # one stop marker per worker
         results: asyncio.Queue[tuple[int, Episode] | None] = asyncio.Queue()
+        groups = self.rewards.groups(tasks, planned)  # with a group reward: whole groups
         await self._prepare()
 
         async def worker() -> None:
@@ -279,8 +295,8 @@ class Collector:
                     if self._abort.is_set():
                         continue
                     k, i, group = job
-                    ep = await self._run_episode(tasks[k], i, group, factory)
-                    await results.put((k, ep))
+                    ep = await self._run_episode(tasks[k], i, group, factory, env_id)
+                    await results.put((k, await self.rewards.score(tasks[k], ep)))
             finally:
                 await results.put(None)  # this worker is done
 
@@ -296,7 +312,10 @@ class Collector:
                         live -= 1
                         continue
                     bar.update(item[1])
-                    yield item
+                    for done in await groups.add(*item):
+                        yield done
+                for done in await groups.rest():  # only after abort(): incomplete groups
+                    yield done
             for t in running:  # surface a bug in a worker instead of losing episodes silently
                 if t.done() and not t.cancelled() and t.exception() is not None:
                     raise t.exception()  # type: ignore[misc]
@@ -341,16 +360,26 @@ class Collector:
         self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
 
     async def _run_episode(
-        self, task: dict[str, Any], index: int, group: str, factory: EnvFactory
+        self, task: dict[str, Any], index: int, group: str, factory: EnvFactory, env_id: str
     ) -> Episode:
-        """One episode, as in the module docstring (its steps: :mod:`vime.agents.episode`)."""
-        run = EpisodeRun(self._context(), task, index, group, factory)
-        with TRACE.span("episode", run.task_id, sample=index):  # trace.enabled: timelines
-            ending = await run.start()
-            while ending is None:
-                with TRACE.span("turn", f"turn {len(run.turns) + 1}"):
-                    ending = await run.turn()
-            return await run.finish(ending)
+        """One sample: the built-in env loop (:func:`~vime.agents.generate.play_env`, as in
+        the module docstring), or ``rollout.generate``'s function, its Episode checked."""
+        context = self._context()
+        ctx = GenerateContext(
+            task=task,
+            index=index,
+            group=group,
+            policy=SampledPolicy(context, uuid.uuid4().hex),
+            tokenizer=self.tokenizer,
+            sampling=self.config.sampling,
+            budget=context.budget,
+            env_id=env_id,
+            make_env=factory,
+            episode_context=context,
+        )
+        if self.generate is None:
+            return await play_env(ctx)
+        return await run_generate(self.generate, ctx)
 
     def _context(self) -> EpisodeContext:
         """What the next episode shares with this collector (read when it starts)."""

@@ -40,7 +40,6 @@ from vime.agents.policy_client import (
     Completion,
     ContextLengthError,
     EngineUnavailableError,
-    PolicyClient,
 )
 from vime.agents.tool_parsers import ToolParser
 from vime.agents.turn_samples import ChatSettings, chat_fields, new_chat
@@ -82,6 +81,19 @@ _FAILURES: tuple[tuple[type[Exception], EpisodeStatus, str], ...] = (
     (EnvError, EpisodeStatus.ERROR, "env error"),
     (TemplateError, EpisodeStatus.ERROR, "template error"),
 )
+
+
+def ending_for(err: Exception) -> Ending | None:
+    """The Ending an engine, env or template failure gives an episode (None: another error).
+
+    Example:
+        >>> ending_for(EnvError("reset() raised KeyError")).reason
+        'env error: reset() raised KeyError'
+    """
+    for kind, status, prefix in _FAILURES:
+        if isinstance(err, kind):
+            return Ending(status, f"{prefix}: {err}")
+    return None
 
 
 def lost_to_engine(episode: Episode) -> bool:
@@ -131,6 +143,22 @@ class EpisodeSettings(ChatSettings, Protocol):
     seed: int | None
 
 
+class Sampler(Protocol):
+    """What an episode samples from: the collector's :class:`PolicyClient`, or a
+    sample's recording wrapper (:class:`vime.agents.generate.SampledPolicy`)."""
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        *,
+        session: str,
+        max_tokens: int | None = None,
+    ) -> Completion: ...
+
+    def release(self, session: str) -> None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class EpisodeContext:
     """What an episode uses but does not own (the collector's client, pool, abort flag…).
@@ -141,7 +169,7 @@ class EpisodeContext:
         ...                          pool, asyncio.Event(), budget=4096)
     """
 
-    client: PolicyClient
+    client: Sampler
     tokenizer: Any
     settings: EpisodeSettings
     parser: ToolParser
@@ -244,9 +272,9 @@ class EpisodeRun:
 
     def _failure(self, err: Exception) -> Ending:
         """The Ending for an exception from the env, the engine or the template (or a bug)."""
-        for kind, status, prefix in _FAILURES:
-            if isinstance(err, kind):
-                return Ending(status, f"{prefix}: {err}")
+        ending = ending_for(err)
+        if ending is not None:
+            return ending
         # An env that is not wrapped by vime.make, or a bug: keep the traceback.
         logger.exception("episode %s of task %s failed", self.index, self.task_id)
         return Ending(EpisodeStatus.ERROR, f"{type(err).__name__}: {err}")
@@ -312,10 +340,10 @@ class EpisodeRun:
             params = dataclasses.replace(params, seed=seed)
         t0 = time.perf_counter()
         try:
-            with TRACE.span("engine_request", prompt_tokens=len(chat.request)):
-                out = await self.context.client.generate(
-                    chat.request, params, session=self.uid, max_tokens=max_tokens
-                )
+            # (the engine_request span is the sampler's: vime.agents.generate.SampledPolicy)
+            out = await self.context.client.generate(
+                chat.request, params, session=self.uid, max_tokens=max_tokens
+            )
         except ContextLengthError as err:
             raise Ending(EpisodeStatus.TRUNCATED, f"context_length: {err}") from err
         self.timings["generate_s"] += time.perf_counter() - t0

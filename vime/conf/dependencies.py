@@ -104,6 +104,13 @@ RULES: tuple[Needs, ...] = (
         inert=0,
     ),
     Needs(
+        ("env.tasks.epochs", "env.tasks.shuffle"),
+        "env.tasks.source",
+        lambda c: not c.env.tasks.source,
+        "(the function gives the tasks, their order and their end)",
+        "leave it unset, or clear env.tasks.source",
+    ),
+    Needs(
         ("run_root",),
         "resume",
         lambda c: _resumed_folder_matches(c, "run_root"),

@@ -143,6 +143,11 @@ class RolloutConfig:
     most ``engine_retries`` rounds per step; a step where more than ``max_error_frac`` of
     the episodes end in ``error`` stops the run with the reasons.
 
+    Rewards (:mod:`vime.agents.rewards`): ``reward`` and ``group_reward`` name your
+    functions, loaded and checked when the run starts; the loop's evaluation uses the same
+    rewards as training. One that raises or returns no finite number makes its episodes
+    ``error`` episodes with the reason.
+
     Example:
         >>> RolloutConfig(engine_retries=0).max_error_frac
         0.5
@@ -167,6 +172,17 @@ class RolloutConfig:
         )
     )
     refill_retries: int = 0  # extra draws (of batch_size) when filter_groups leaves too few
+    # A per-sample generation function, 'module:function' or 'file.py:function': async
+    # def generate(ctx) -> Episode (vime.agents.generate, docs/extend.md); "" = the env loop.
+    generate: str = ""
+    # Reward functions, 'module:function' or 'file.py:function', def or async def
+    # (vime.agents.rewards, docs/extend.md); "" = the env's reward. Training and the loop's
+    # evaluation both use them. reward(task, episode) -> float replaces each finished
+    # episode's reward (the env's is kept as metric reward/env).
+    reward: str = ""
+    # group_reward(task, episodes) -> list[float], one per episode: each finished GRPO group
+    # (a task's samples), after rollout.reward.
+    group_reward: str = ""
 
     def __post_init__(self) -> None:
         require(self.batch_size >= 1, "rollout.batch_size", "must be >= 1")

@@ -76,7 +76,7 @@ def load_tasks(
     tasks: list[Task] = []
     seen: set[str] = set()
     for number, record in records:
-        task = _task(record, f"{origin}: {where} {number}", required, transform)
+        task = task_record(record, f"{origin}: {where} {number}", required, transform)
         # Identical records (or repeated ids) stay distinguishable: a-1, a-2, ... (never
         # an id another record already has).
         base, count = task["id"], 0
@@ -90,10 +90,18 @@ def load_tasks(
     return tasks
 
 
-def _task(
-    record: Any, at: str, required: Sequence[str], transform: Callable[[Task], Task] | None
+def task_record(
+    record: Any,
+    at: str,
+    required: Sequence[str] = (),
+    transform: Callable[[Task], Task] | None = None,
 ) -> Task:
-    """One checked (and transformed) task with a string id; errors start with ``at``."""
+    """One checked (and transformed) task with a string id; errors start with ``at``.
+
+    Example:
+        >>> task_record({"id": 3, "q": "1+1"}, "my_tasks: task 0")
+        {'id': '3', 'q': '1+1'}
+    """
     if not isinstance(record, dict):
         raise DataError(
             f'{at}: a task must be an object like {{"id": ..., ...}}, got {type(record).__name__}'
@@ -237,10 +245,15 @@ class TaskSourceConfig:
 
     Attributes:
         path: a ``.jsonl`` or ``.parquet`` file; ``""`` means the env's built-in tasks.
-        seed: seeds each epoch's shuffle.
+        source: ``module:function`` or ``path/to/file.py:function``, called as
+            ``function(seed=seed, split="train")`` (``split`` only if it takes one), whose
+            iterable of tasks is drawn instead of a file or the built-in tasks
+            (:mod:`vime.envs.function_source`); not with ``path``, ``epochs`` or
+            ``shuffle``: the function decides the order and the end.
+        seed: seeds each epoch's shuffle; ``source`` is called with it.
         shuffle: shuffle each epoch (``False``: file order).
         epochs: how many passes over the tasks; ``None`` for no end.
-        limit: use only the first ``limit`` records.
+        limit: use only the first ``limit`` records (of ``source``: tasks).
 
     Example:
         >>> TaskSourceConfig(path="tasks.jsonl", epochs=2).epochs
@@ -248,6 +261,7 @@ class TaskSourceConfig:
     """
 
     path: str = ""
+    source: str = ""
     seed: int = 0
     shuffle: bool = True
     epochs: int | None = None
@@ -256,6 +270,14 @@ class TaskSourceConfig:
     def __post_init__(self) -> None:
         require(self.epochs is None or self.epochs >= 1, "tasks.epochs", "must be >= 1 or null")
         require(self.limit is None or self.limit >= 1, "tasks.limit", "must be >= 1 or null")
+        # Two sources of tasks. (epochs and shuffle, which do nothing with a source, are
+        # refused by vime.conf.dependencies, which tells the user's keys from presets'.)
+        require(
+            not (self.source and self.path),
+            "env.tasks.path",
+            f"cannot be set together with env.tasks.source={self.source}: both give the "
+            "training tasks; remove one of the two keys",
+        )
 
 
 class TaskSource:
@@ -362,12 +384,16 @@ class TaskSource:
             except StopIteration:
                 break
         if n > 0 and not out:
-            raise DataError(
-                f"the task source is exhausted: its epochs={self.epochs} passes over "
-                f"{len(self.tasks)} tasks have all been drawn (env.tasks.epochs in a train "
-                "config); allow more epochs (null: no end) or draw fewer tasks"
-            )
+            raise DataError(f"the task source is exhausted: {self._exhausted()}")
         return out
+
+    def _exhausted(self) -> str:
+        """Why no task is left, and what to change (the end of :meth:`take`'s error)."""
+        return (
+            f"its epochs={self.epochs} passes over {len(self.tasks)} tasks have all been "
+            "drawn (env.tasks.epochs in a train config); allow more epochs (null: no end) "
+            "or draw fewer tasks"
+        )
 
     def lend(self) -> Task:
         """The next task, kept as lent until :meth:`settle`; ``StopIteration`` at the end.

@@ -49,6 +49,7 @@ from typing import Any
 import vime.envs as envs
 from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
+from vime.agents.rewards import Rewards
 from vime.config import apply_overrides
 from vime.engine.config import EngineConfig
 from vime.engine.serve import serve_engine
@@ -91,10 +92,10 @@ def check_envs(suite: Suite) -> None:
 
 
 async def _run_set(
-    policy: PolicyClient, tokenizer: Any, s: EvalSet, tasks: list[Task]
+    policy: PolicyClient, tokenizer: Any, s: EvalSet, tasks: list[Task], rewards: Rewards | None
 ) -> tuple[list[Episode], float]:
     """Every task of one set ``n_samples`` times; returns the episodes and the wall time."""
-    collector = Collector(policy, tokenizer, s.collector)
+    collector = Collector(policy, tokenizer, s.collector, rewards=rewards)
     t0 = time.perf_counter()
     try:
         episodes = await collector.collect(tasks, lambda: envs.make(s.env, **s.kwargs))
@@ -109,10 +110,11 @@ async def run_suite(
     suite: Suite,
     meta: dict[str, Any],
     tasks: dict[str, list[Task]] | None = None,
+    rewards: Rewards | None = None,
 ) -> tuple[dict[str, Any], list[Episode]]:
     """Run every set of ``suite``; returns the report (``meta`` + sets + rows) and every
     episode. ``tasks`` (by set name) replaces a set's task file (the RL loop's held-out
-    tasks).
+    tasks); ``rewards`` (the RL loop's ``rollout.reward``/``group_reward``) the envs'.
 
     Example (skipped as a doctest: it needs a running vLLM server):
         >>> report, episodes = await run_suite(policy, model_dir, load_suite("math"), {})  # doctest: +SKIP
@@ -125,7 +127,7 @@ async def run_suite(
     episodes: list[Episode] = []
     for s in suite.sets:
         found, wall_s = await _run_set(
-            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s)
+            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s), rewards
         )
         rows += task_rows(s.name, s.env, found, s.k, s.success)
         episodes += found

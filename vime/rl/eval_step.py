@@ -14,6 +14,7 @@ import dataclasses
 from pathlib import Path
 
 from vime.agents.policy_client import PolicyClient
+from vime.agents.rewards import Rewards
 from vime.conf.train import TrainConfig
 from vime.envs.tasks import Task
 from vime.eval.evaluate import now, run_suite
@@ -31,7 +32,8 @@ async def evaluate(
 ) -> dict[str, float]:
     """The RL loop's eval: greedy on the held-out ``tasks``; returns ``eval/*`` metrics (the
     report's aggregates). With ``run_root``, the report files go to
-    ``run_root/eval/step_NNNNNN/``, as ``vime-agent eval`` writes them.
+    ``run_root/eval/step_NNNNNN/``, as ``vime-agent eval`` writes them. The rewards are
+    training's: ``rollout.reward`` and ``rollout.group_reward`` when set.
 
     Example (skipped as a doctest: it needs a running vLLM server):
         >>> (await evaluate(policy, model_dir, cfg, tasks, run.root, 10))["eval/pass@1"]  # doctest: +SKIP
@@ -39,8 +41,9 @@ async def evaluate(
     """
     suite = training_suite(cfg)
     meta = {"checkpoint": str(model_dir), "step": step, "created": now()}
+    rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)
     report, episodes = await run_suite(
-        policy, model_dir, suite, meta, tasks={suite.sets[0].name: tasks}
+        policy, model_dir, suite, meta, tasks={suite.sets[0].name: tasks}, rewards=rewards
     )
     if run_root is not None:
         write_report(report, episodes, Path(run_root) / "eval" / f"step_{step:06d}")

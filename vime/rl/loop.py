@@ -34,7 +34,9 @@ from omegaconf import OmegaConf
 
 from vime import gc_freeze
 from vime.agents.collector import Collector
+from vime.agents.generate import load_generate
 from vime.agents.policy_client import PolicyClient
+from vime.agents.rewards import Rewards
 from vime.buffer import DataBuffer
 from vime.conf.compose import describe, load_config
 from vime.conf.overrides import split_config_dir
@@ -60,7 +62,7 @@ from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.eval_step import evaluate
 from vime.rl.rollouts import STOP, Rollouts
-from vime.rl.tasks import eval_tasks, train_source
+from vime.rl.tasks import check_task_source, eval_tasks, train_source
 from vime.rl.warm_start import tiny_model_warning, warm_start
 from vime.runs.folder import (
     RunDir,
@@ -100,6 +102,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         2
     """
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
+    generate = load_generate(cfg.rollout.generate)  # a wrong one fails before engines start
+    rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)  # so do these
     own_process = trainer_in_own_process(
         cfg.placement.trainer_process,
         mode=cfg.rollout.mode,
@@ -134,7 +138,9 @@ def train(cfg: TrainConfig) -> TrainResult:
         engines, policy, sync = _engine_clients(cfg, fleet, group, run, start, external)
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
-        collector = Collector(policy, model_dir, cfg.rollout.collector)
+        collector = Collector(
+            policy, model_dir, cfg.rollout.collector, generate=generate, rewards=rewards
+        )
         cleanup.callback(collector.close)
         runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
         runner.save = lambda s: _checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
@@ -345,6 +351,7 @@ def _prepare(cfg: TrainConfig) -> tuple[RunDir, Path]:
     # First: an env that cannot be made, or whose Docker daemon is down, stops the
     # command before a run folder, a warm start or an engine exists.
     preflight_env(cfg.env.id, cfg.env.kwargs, key="env.id")
+    check_task_source(cfg)  # env.tasks.source: its function loads and fits
     run = _open_run(cfg)
     model_dir = prepare_model(cfg, run)
     if cfg.model.chat_template:  # one folder: the collector, the evaluation and vLLM use it
@@ -386,7 +393,8 @@ def _engine_clients(
 
 def _task_sources(cfg: TrainConfig) -> tuple[TaskSource, list[dict[str, Any]]]:
     """The training task source (drawn step by step) and the held-out evaluation tasks."""
-    return train_source(cfg), eval_tasks(cfg.env)
+    # No evaluation, no eval tasks: a source function without an eval split is fine then.
+    return train_source(cfg), eval_tasks(cfg.env) if cfg.eval_every else []
 
 
 def _step_times(t0: float, t1: float, t2: float, t3: float) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""Where a run's tasks come from: a task file, or an env's bundled task generator.
+"""Where a run's tasks come from: a task file, a user's function (``env.tasks.source``,
+:mod:`vime.envs.function_source`), or an env's bundled task generator.
 
 Example:
     >>> tasks = builtin_tasks("vime.suites.math.data:arithmetic_suite", {"n": 4, "levels": ["add1"]}, "")
@@ -15,6 +16,12 @@ import inspect
 from typing import Any
 
 from vime.conf.train import EnvConfig, TrainConfig
+from vime.envs.function_source import (
+    FunctionTaskSource,
+    load_source,
+    no_eval_split,
+    source_eval_tasks,
+)
 from vime.envs.tasks import Task, TaskSource, load_tasks
 from vime.errors import ConfigError
 
@@ -103,6 +110,8 @@ def train_source(cfg: TrainConfig) -> TaskSource:
     """The training tasks as the run draws them: ``env.tasks``' order (``seed``,
     ``shuffle``), its first ``limit`` tasks, ``epochs`` passes over them; the tasks that
     evaluation takes from ``env.tasks.path`` (:func:`eval_tasks`) are not among them.
+    With ``env.tasks.source``: the function's tasks, in its order, until it ends (or
+    ``limit``), as a :class:`~vime.envs.function_source.FunctionTaskSource`.
 
     The epochs must hold the tasks the run draws at the least, ``steps`` ×
     round(``rollout.batch_size`` × ``rollout.oversample``), or the run fails here. Draws
@@ -117,6 +126,8 @@ def train_source(cfg: TrainConfig) -> TaskSource:
         6
     """
     t, r = cfg.env.tasks, cfg.rollout
+    if t.source:  # the function's own order and end (TaskSourceConfig refuses epochs)
+        return FunctionTaskSource.from_config(t)
     tasks = train_tasks(cfg.env)
     # Evaluation with no file of its own takes the first env.eval_size tasks of the
     # training file (eval_tasks): the run holds them out.
@@ -148,7 +159,8 @@ def train_source(cfg: TrainConfig) -> TaskSource:
 def eval_tasks(env: EnvConfig) -> list[Task]:
     """``env.eval_size`` tasks from ``env.eval_tasks``, else from the training source
     (the first tasks of ``env.tasks.path``, which training then skips; bundled generators
-    are drawn with another seed, or their held-back ``"eval"`` split when they keep one:
+    are drawn with another seed, or their held-back ``"eval"`` split when they keep one;
+    ``env.tasks.source`` is called with ``split="eval"``, and must take ``split``:
     held-out tasks either way).
 
     Example:
@@ -157,6 +169,8 @@ def eval_tasks(env: EnvConfig) -> list[Task]:
     """
     if env.eval_size == 0:
         return []
+    if env.tasks.source and not env.eval_tasks:
+        return source_eval_tasks(env.tasks.source, seed=env.tasks.seed, size=env.eval_size)
     path = env.eval_tasks or env.tasks.path
     tasks = builtin_tasks(
         env.builtin_tasks,
@@ -166,3 +180,22 @@ def eval_tasks(env: EnvConfig) -> list[Task]:
         split="eval",
     )
     return tasks[: env.eval_size]
+
+
+def check_task_source(cfg: TrainConfig) -> None:
+    """(At start, before any engine.) ``env.tasks.source`` loads and takes the arguments
+    vime passes, and evaluation has tasks: a function without ``split`` needs
+    ``env.eval_tasks``, or no evaluation (``env.eval_size=0`` or ``eval_every=0``).
+
+    Raises:
+        ConfigError: naming the key and the signature vime expects.
+
+    Example:
+        >>> check_task_source(TrainConfig())  # no source: nothing to check
+    """
+    env = cfg.env
+    if not env.tasks.source:
+        return
+    _, takes_split = load_source(env.tasks.source)
+    if cfg.eval_every and env.eval_size and not env.eval_tasks and not takes_split:
+        raise ConfigError(no_eval_split(env.tasks.source), key="env.eval_tasks")
