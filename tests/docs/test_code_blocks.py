@@ -473,6 +473,13 @@ def test_the_own_agent_page_shows_the_example_file():
     assert agent.code == (ROOT / "examples" / "own_agent.py").read_text()
 
 
+def test_the_extend_page_shows_the_generation_example_file():
+    """docs/extend.md's generation function is examples/generate_math.py, which
+    tests/agents/test_generate.py trains for 3 steps."""
+    (block,) = [b for b in BLOCKS if b.page == "docs/extend.md" and "ctx.make_env()" in b.code]
+    assert block.code == (ROOT / "examples" / "generate_math.py").read_text()
+
+
 def test_yaml_blocks_parse():
     import yaml
 
