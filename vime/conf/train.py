@@ -175,6 +175,12 @@ class RolloutConfig:
     # A per-sample generation function, 'module:function' or 'file.py:function': async
     # def generate(ctx) -> Episode (vime.agents.generate, docs/extend.md); "" = the env loop.
     generate: str = ""
+    # 'module:function' or 'file.py:function': sample_filter(episode) -> bool, False leaves
+    # the episode out of training (vime.rl.filters, docs/extend.md); "" = none.
+    sample_filter: str = ""
+    # group_filter(episodes) -> bool, False leaves the GRPO group out of training, after
+    # filter_groups (vime.rl.filters); "" = none.
+    group_filter: str = ""
     # Reward functions, 'module:function' or 'file.py:function', def or async def
     # (vime.agents.rewards, docs/extend.md); "" = the env's reward. Training and the loop's
     # evaluation both use them. reward(task, episode) -> float replaces each finished

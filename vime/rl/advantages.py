@@ -35,6 +35,7 @@ import torch
 from vime.agents.turn_samples import per_episode, turn_samples
 from vime.conf.train import ADVANTAGES, TrainConfig
 from vime.errors import ConfigError
+from vime.rl.filters import load_filters
 from vime.trainer.losses import kl_estimate
 from vime.types import Episode, EpisodeStatus, Sample
 
@@ -270,21 +271,39 @@ def select_groups(
     Example (skipped as a doctest: it needs a config and episodes):
         >>> groups, stats = select_groups(episodes, cfg, version=3)  # doctest: +SKIP
     """
+    sample_keep, group_keep = load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)
     keep = [ep for ep in episodes if ep.trainable]
     fresh = [ep for ep in keep if ep.min_weight_version >= version - cfg.rollout.max_staleness]
+    chosen = [ep for ep in fresh if sample_keep is None or _kept(sample_keep(ep), "sample")]
     groups: dict[str, list[Episode]] = {}
-    for ep in fresh:
+    for ep in chosen:
         groups.setdefault(ep.group_id, []).append(ep)
     total = len(groups)
     if cfg.rollout.filter_groups:
         groups = {
             g: eps for g, eps in groups.items() if len({shaped_reward(ep, cfg) for ep in eps}) > 1
         }
+    signal = len(groups)
+    if group_keep is not None:
+        groups = {g: eps for g, eps in groups.items() if _kept(group_keep(eps), "group")}
     stats = {
         "samples/stale_dropped": float(len(keep) - len(fresh)),
         "samples/groups_total": float(total),
+        "samples/filtered_out": float(len(fresh) - len(chosen)),
+        "samples/groups_filtered_out": float(signal - len(groups)),
     }
     return list(groups.values()), stats
+
+
+def _kept(verdict: object, which: str) -> bool:
+    """A filter's answer, which must be a bool (a truthy list would keep by mistake)."""
+    if isinstance(verdict, bool) or type(verdict).__name__ == "bool_":  # numpy's too
+        return bool(verdict)
+    raise ConfigError(
+        f"rollout.{which}_filter returned {type(verdict).__name__} {verdict!r:.60}; "
+        "return True (train on it) or False",
+        key=f"rollout.{which}_filter",
+    )
 
 
 def shaped_reward(ep: Episode, cfg: TrainConfig) -> float:

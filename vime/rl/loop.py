@@ -61,6 +61,7 @@ from vime.placement.trainer_process import (
 from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.eval_step import evaluate
+from vime.rl.filters import load_filters
 from vime.rl.rollouts import STOP, Rollouts
 from vime.rl.tasks import check_task_source, eval_tasks, train_source
 from vime.rl.warm_start import tiny_model_warning, warm_start
@@ -104,6 +105,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
     generate = load_generate(cfg.rollout.generate)  # a wrong one fails before engines start
     rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)  # so do these
+    load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)  # and these
     own_process = trainer_in_own_process(
         cfg.placement.trainer_process,
         mode=cfg.rollout.mode,
