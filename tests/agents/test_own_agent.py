@@ -41,14 +41,17 @@ def sampling() -> SamplingParams:
 
 
 def recording_client(url: str) -> tuple[PolicyClient, list[dict[str, Any]]]:
-    """A PolicyClient that also keeps every raw JSON response vLLM sent (in order)."""
+    """A PolicyClient that also keeps every raw JSON response vLLM sent (in the order asked)."""
     client = PolicyClient.from_urls(url)
     raw: list[dict[str, Any]] = []
     post = client._post
 
     async def keep(url: str, body: dict[str, Any]) -> dict[str, Any]:
+        # Kept when asked: the choices of one reply (n > 1) stay in their order.
+        entry = {"prompt": list(body["prompt"]), "seed": body.get("seed")}
+        raw.append(entry)
         data = await post(url, body)
-        raw.append({"prompt": list(body["prompt"]), "choice": data["choices"][0]})
+        entry["choice"] = data["choices"][0]
         return data
 
     client._post = keep  # type: ignore[method-assign]
@@ -137,14 +140,20 @@ def test_a_request_must_continue_its_session(vllm_server, tok) -> None:
         reply = await chat(model="any", messages=messages, tools=[ADD])
         retried = await chat(model="any", messages=messages, tools=[ADD])  # an SDK retry
         assert retried.id == reply.id  # the same reply, not sampled again
-        messages.append(reply.choices[0].message.model_dump(exclude_none=True))
+        message = reply.choices[0].message
+        messages.append(message.model_dump(exclude_none=True))
+        # The next messages: the tool results (a call must be answered), else a user turn.
+        follow = [
+            {"role": "tool", "tool_call_id": call.id, "content": "5"}
+            for call in message.tool_calls or []
+        ] or [{"role": "user", "content": "Go on."}]
         refused = {}
-        edited = [{"role": "user", "content": "What is 9+9?"}, *messages[1:], messages[0]]
+        edited = [{"role": "user", "content": "What is 9+9?"}, *messages[1:], *follow]
+        mul = {"type": "function", "function": {"name": "mul", "parameters": {"type": "object"}}}
         for name, kwargs in {
             "edited": {"messages": edited, "tools": [ADD]},
             "nothing new": {"messages": messages, "tools": [ADD]},
-            "tools": {"messages": [*messages, messages[0]], "tools": []},
-            "stream": {"messages": [*messages, messages[0]], "tools": [ADD], "stream": True},
+            "tools": {"messages": [*messages, *follow], "tools": [mul]},
         }.items():
             with pytest.raises(openai.BadRequestError) as err:
                 await chat(model="any", **kwargs)
@@ -153,22 +162,30 @@ def test_a_request_must_continue_its_session(vllm_server, tok) -> None:
         with pytest.raises(openai.NotFoundError):
             await lost.chat.completions.create(model="any", messages=messages)
         # A refused request changed nothing: the right continuation still works.
-        messages.append({"role": "user", "content": "Go on."})
+        messages += follow
         await chat(model="any", messages=messages, tools=[ADD])
+        more = [*messages, {"role": "user", "content": "More?"}]
         with pytest.raises(openai.BadRequestError) as over:  # max_turns=2
-            await chat(model="any", messages=[*messages, messages[-1]], tools=[ADD])
-        return refused, over.value.message, await endpoint.close(opened.session_id)
+            await chat(model="any", messages=more, tools=[ADD])
+        called = bool(message.tool_calls)
+        return refused, called, over.value.message, await endpoint.close(opened.session_id)
 
-    (refused, over, ep), raw = with_endpoint(vllm_server.url, tok, talk, max_turns=2)
+    (refused, called, over, ep), raw = with_endpoint(vllm_server.url, tok, talk, max_turns=2)
     assert refused["edited"][0] == "messages[0]" and "What is 9+9?" in refused["edited"][1]
-    assert refused["nothing new"][0] == "messages" and "adds nothing" in refused["nothing new"][1]
-    assert refused["tools"][0] == "tools" and refused["stream"][0] == "stream"
+    if called:  # OpenAI's rule comes first: the reply's tool calls are not answered
+        assert refused["nothing new"][0] == "messages[1].tool_calls"
+    else:
+        assert (
+            refused["nothing new"][0] == "messages" and "adds nothing" in refused["nothing new"][1]
+        )
+    assert refused["tools"][0] == "tools" and "differ from the first request" in refused["tools"][1]
     assert "2 turns are used up" in over
     assert ep.status is EpisodeStatus.TRUNCATED and ep.reason == "max_turns"
     assert len(ep.turns) == len(raw) == 2
     sampled = [t for t, m in zip(ep.tokens, ep.loss_mask, strict=True) if m]
     assert sampled == [t for r in raw for t in r["choice"]["token_ids"]]
-    assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant"]
+    middle = "tool" if called else "user"
+    assert [m["role"] for m in ep.messages] == ["user", "assistant", middle, "assistant"]
 
 
 def test_an_agent_that_fails_or_hangs_ends_its_episode(vllm_server, tok) -> None:

@@ -10,6 +10,14 @@ refuses, is :mod:`vime.agents.agent_session`'s. Replies are sampled by vLLM thro
 or ``max_completion_tokens`` may only lower the per-turn cap), and any ``model`` name is
 accepted: the policy being trained answers.
 
+A request is checked as the OpenAI API checks it (:mod:`vime.agents.openai_api`: roles,
+required fields, tools, tool replies, ranges); every error, an unknown route's too, is
+OpenAI's JSON error. ``stream=true`` is answered with OpenAI's server-sent chunks
+(:mod:`vime.agents.openai_stream`), recorded as the reply would be without streaming.
+``n > 1`` samples n choices; the session records the one that the agent's next request
+continues, choice 0 until then and if the session ends first
+(:mod:`vime.agents.session_choices`).
+
 :meth:`AgentEndpoint.run` plays one episode: it resets the env for the task, starts the
 agent command with ``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY``
 set and the task's prompt (the env's last opening user message) on stdin, waits for it
@@ -18,8 +26,9 @@ to exit, and has the env grade the agent's last reply. Endings:
 - the agent exits 0: ``completed`` (the env terminated on the reply) or ``truncated``;
 - it exits non-zero: ``error`` (its stderr's end in the reason), not graded;
 - it runs past ``agent_timeout_s``: killed, ``truncated`` (``agent_timeout``), graded;
-- a request past ``max_turns`` or the token budget: answered with HTTP 400 and the episode
-  is ``truncated`` (``max_turns`` / ``max_model_len``), graded on the last reply;
+- a request past ``max_turns`` or the token budget: answered with HTTP 400 (the budget's
+  with code ``context_length_exceeded``, naming the limit and its key) and the episode is
+  ``truncated`` (``max_turns`` / ``max_model_len``), graded on the last reply;
 - the engine unreachable: HTTP 503 and ``aborted`` (the reason that
   :func:`~vime.agents.episode.lost_to_engine` recognises); another engine error: ``error``.
 
@@ -43,7 +52,7 @@ from typing import Any
 
 from aiohttp import web
 
-from vime.agents.agent_session import AgentSession, ConversationError, completion_body
+from vime.agents.agent_session import AgentSession, ConversationError
 from vime.agents.collector import check_task, env_factory
 from vime.agents.episode import (
     ENGINE_ABORTED,
@@ -57,7 +66,15 @@ from vime.agents.episode import (
     step_env,
     turn_record,
 )
-from vime.agents.policy_client import ContextLengthError, EngineUnavailableError, PolicyClient
+from vime.agents.openai_api import ApiError, check_chat_request, json_errors
+from vime.agents.openai_stream import send_stream
+from vime.agents.policy_client import (
+    Completion,
+    ContextLengthError,
+    EngineUnavailableError,
+    PolicyClient,
+)
+from vime.agents.session_choices import Choice, continued, fork, reply_body
 from vime.agents.tool_parsers import PARSERS, get_parser
 from vime.agents.turn_samples import chat_fields, check_template_keys
 from vime.config import require, require_choice
@@ -137,23 +154,10 @@ class _Live:
     turns: list[Turn] = field(default_factory=list)
     ending: Ending | None = None  # set by the request that ended the session
     last_reply: dict[str, Any] | None = None  # sent again to a retried request
+    choices: list[Choice] = field(default_factory=list)  # the last reply's, while n > 1 is open
     server: str = ""
     t_start: float = field(default_factory=time.perf_counter)
     timings: dict[str, float] = field(default_factory=lambda: {"generate_s": 0.0})
-
-
-class _Refused(Exception):
-    """A request answered with an OpenAI-style error (status, message, param, code)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str = ""):
-        super().__init__(message)
-        self.status, self.param, self.code = status, param, code
-
-    def response(self) -> web.Response:
-        error = {"message": str(self), "type": "invalid_request_error", "param": self.param}
-        if self.code:
-            error["code"] = self.code
-        return web.json_response({"error": error}, status=self.status)
 
 
 class AgentEndpoint:
@@ -184,6 +188,7 @@ class AgentEndpoint:
         self._sessions: dict[str, _Live] = {}
         self._runner: web.AppRunner | None = None
         self._budget = self.config.max_model_len
+        self._engine_len: int | None = None
         self._model = ""
 
     async def __aenter__(self) -> AgentEndpoint:
@@ -197,12 +202,11 @@ class AgentEndpoint:
         """Serve on ``config.host:config.port``; return the URL (``http://127.0.0.1:PORT``)."""
         try:
             self._model = await self.client.model_name()
-            engine_len = await self.client.max_model_len()
+            self._engine_len = await self.client.max_model_len()
         except EngineUnavailableError as err:  # each request retries; not fatal here
             logger.warning("%s", err)
-            engine_len = None
-        self._budget = min(self.config.max_model_len, engine_len or self.config.max_model_len)
-        app = web.Application(client_max_size=64 * 2**20)
+        self._budget = min(self.config.max_model_len, self._engine_len or self.config.max_model_len)
+        app = web.Application(client_max_size=64 * 2**20, middlewares=[json_errors])
         app.router.add_post("/sessions/{sid}/v1/chat/completions", self._handle_chat)
         app.router.add_get("/sessions/{sid}/v1/models", self._handle_models)
         self._runner = web.AppRunner(app, access_log=None)
@@ -358,110 +362,152 @@ class AgentEndpoint:
 
     async def _handle_models(self, request: web.Request) -> web.Response:
         if request.match_info["sid"] not in self._sessions:
-            return _unknown_session(request.match_info["sid"]).response()
+            raise _unknown_session(request.match_info["sid"])
         card = {"id": self._model, "object": "model", "owned_by": "vime", "created": 0}
         return web.json_response({"object": "list", "data": [card]})
 
-    async def _handle_chat(self, request: web.Request) -> web.Response:
+    async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
+        """A chat request; an :class:`ApiError` becomes its JSON error (``json_errors``)."""
         sid = request.match_info["sid"]
         live = self._sessions.get(sid)
+        if live is None:
+            raise _unknown_session(sid)
         try:
-            if live is None:
-                raise _unknown_session(sid)
-            body = await _request_body(request)
-            async with live.lock:
-                return web.json_response(await self._reply(live, body))
-        except _Refused as refused:
-            return refused.response()
+            raw = await request.json()
+        except ValueError:
+            raise ApiError(400, "the request body is not JSON") from None
+        body = check_chat_request(raw)
+        async with live.lock:
+            reply = await self._reply(live, body)
+        if body.get("stream"):
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return await send_stream(request, reply, include_usage=usage)
+        return web.json_response(reply)
 
     async def _reply(self, live: _Live, body: dict[str, Any]) -> dict[str, Any]:
         """One chat request of a session: check, sample, append, answer (under its lock)."""
-        if live.last_reply is not None and live.session.repeats(
-            body.get("messages"), body.get("tools")
-        ):
+        messages, tools = body["messages"], body.get("tools")
+        if live.last_reply is not None and live.session.repeats(messages, tools):
             return live.last_reply
         if live.ending is not None:
-            raise _Refused(400, f"this session has ended ({live.ending.reason}); open a new one")
+            raise ApiError(400, f"this session has ended ({live.ending.reason}); open a new one")
+        if live.choices:  # the last reply had n > 1 choices: record the one continued
+            chosen = continued(live.choices, messages, tools)
+            if chosen is not None:
+                live.session, live.turns[-1], live.choices = chosen.session, chosen.turn, []
         if len(live.turns) >= self.config.max_turns:
             self._end(live, EpisodeStatus.TRUNCATED, "max_turns")
-            raise _Refused(400, f"the session's {self.config.max_turns} turns are used up")
-        try:
-            prompt = live.session.prepare(body.get("messages"), body.get("tools"), self._budget)
-        except ConversationError as err:
-            raise _Refused(400, str(err), err.param) from None
-        except TemplateError as err:
-            self._end(live, EpisodeStatus.ERROR, f"template error: {err}")
-            raise _Refused(400, str(err), "messages") from None
-        room = self._budget - len(prompt) if prompt is not None else 0
-        if prompt is None or room < 1:
-            self._end(live, EpisodeStatus.TRUNCATED, "max_model_len")
-            raise _Refused(
-                400,
-                f"the session's {self._budget} tokens are used up",
-                "messages",
-                "context_length_exceeded",
-            )
+            raise ApiError(400, f"the session's {self.config.max_turns} turns are used up")
+        prompt = self._prepare(live, messages, tools)
         asked = body.get("max_completion_tokens") or body.get("max_tokens")
+        room = self._budget - len(prompt)
         cap = min(self.config.sampling.max_tokens, room, asked or room)
-        out = await self._generate(live, prompt, cap)
-        prompt_len = len(prompt)
-        message = live.session.reply(out, self.parse, self.config.tool_parser, len(live.turns))
-        assert live.session.chat is not None and live.session.last_action is not None
-        live.turns.append(turn_record(live.session.chat, out, live.session.last_action))
-        if out.finish_reason == "abort":
+        outs = await self._generate(live, prompt, cap, body.get("n") or 1)
+        prompt_len = len(prompt)  # (the chat's list: appending the reply lengthens it)
+        turn = len(live.turns)
+        sessions = [live.session, *(fork(live.session) for _ in outs[1:])]
+        choices = [self._answer(s, out, turn) for s, out in zip(sessions, outs, strict=True)]
+        live.turns.append(choices[0].turn)
+        live.choices = choices if len(choices) > 1 else []
+        if any(out.finish_reason == "abort" for out in outs):
             self._end(live, EpisodeStatus.ABORTED, ENGINE_ABORTED)
-        live.last_reply = completion_body(message, out, self._model, prompt_len)
+        live.last_reply = reply_body(choices, self._model, prompt_len)
         return live.last_reply
 
-    async def _generate(self, live: _Live, prompt: list[int], max_tokens: int) -> Any:
-        """Sample from vLLM; an engine failure ends the session and refuses the request."""
+    def _prepare(self, live: _Live, messages: Any, tools: Any) -> list[int]:
+        """The prompt ids with the request's new messages, room left for a reply; else an
+        ApiError (a budget used up or a template error also end the session)."""
+        try:
+            prompt = live.session.prepare(messages, tools, self._budget)
+        except ConversationError as err:
+            why = str(err)
+            if live.choices:
+                why += f" (after a reply of {len(live.choices)} choices: any one of them)"
+            raise ApiError(400, why, err.param) from None
+        except TemplateError as err:
+            self._end(live, EpisodeStatus.ERROR, f"template error: {err}")
+            raise ApiError(400, str(err), "messages") from None
+        if prompt is None or len(prompt) >= self._budget:
+            why = self._too_long(live, messages, tools, prompt)
+            self._end(live, EpisodeStatus.TRUNCATED, "max_model_len")
+            raise ApiError(400, why, "messages", "context_length_exceeded")
+        return prompt
+
+    def _too_long(self, live: _Live, messages: Any, tools: Any, prompt: list[int] | None) -> str:
+        """Why a request does not fit, naming the limit and the key that raises it."""
+        cfg = self.config.max_model_len
+        if self._engine_len is not None and self._engine_len < cfg:
+            limit = (
+                f"the engine's max_model_len={self._engine_len} (endpoint.max_model_len={cfg} "
+                "is larger; serve the policy with a longer context to raise it)"
+            )
+        else:
+            limit = f"endpoint.max_model_len={cfg} (raise it to give sessions more tokens)"
+        if live.session.chat is None:  # the first request: nothing was appended; count it
+            probe = AgentSession(self.tokenizer, live.session.session_id, self.config)
+            n = len(probe.prepare(messages, tools) or [])
+            return (
+                f"the first request's messages render to {n} tokens, leaving no room for a "
+                f"reply within {limit}; send a shorter conversation"
+            )
+        return f"the session's {self._budget} tokens are used up: {limit}"
+
+    def _answer(self, session: AgentSession, out: Completion, turn: int) -> Choice:
+        """Append a sampled turn to ``session``; the choice it makes."""
+        message = session.reply(out, self.parse, self.config.tool_parser, turn)
+        assert session.chat is not None and session.last_action is not None
+        return Choice(session, turn_record(session.chat, out, session.last_action), message, out)
+
+    async def _generate(
+        self, live: _Live, prompt: list[int], max_tokens: int, n: int
+    ) -> list[Completion]:
+        """Sample ``n`` turns from vLLM; an engine failure ends the session and refuses the
+        request."""
         t0 = time.perf_counter()
         sid = live.session.session_id
+        tasks = [
+            asyncio.ensure_future(
+                self.client.generate(prompt, params, session=sid, max_tokens=max_tokens)
+            )
+            for params in self._sampling(live, n)
+        ]
+        try:
+            outs = list(await asyncio.gather(*tasks))
+        except ContextLengthError as err:
+            self._end(live, EpisodeStatus.TRUNCATED, f"context_length: {err}")
+            raise ApiError(400, str(err), "messages", "context_length_exceeded") from None
+        except EngineUnavailableError as err:
+            self._end(live, EpisodeStatus.ABORTED, f"{ENGINE_UNAVAILABLE}: {err}")
+            raise ApiError(503, str(err)) from None
+        except EngineError as err:
+            self._end(live, EpisodeStatus.ERROR, f"engine error: {err}")
+            raise ApiError(502, str(err)) from None
+        finally:
+            for task in tasks:  # a failed choice leaves no others running
+                task.cancel()
+        live.timings["generate_s"] += time.perf_counter() - t0
+        live.server = outs[0].server
+        return outs
+
+    def _sampling(self, live: _Live, n: int) -> list[SamplingParams]:
+        """Each choice's sampling: with ``endpoint.seed``, choice 0's seed is the one n=1
+        would have (so n does not change it), and each other choice has a seed of its own."""
         params = self.config.sampling
         if self.config.seed is not None:
             key = f"{self.config.seed}:{live.task['id']}:{live.index}:{len(live.turns)}"
             params = dataclasses.replace(params, seed=zlib.crc32(key.encode()))
-        try:
-            out = await self.client.generate(prompt, params, session=sid, max_tokens=max_tokens)
-        except ContextLengthError as err:
-            self._end(live, EpisodeStatus.TRUNCATED, f"context_length: {err}")
-            raise _Refused(400, str(err), "messages", "context_length_exceeded") from None
-        except EngineUnavailableError as err:
-            self._end(live, EpisodeStatus.ABORTED, f"{ENGINE_UNAVAILABLE}: {err}")
-            raise _Refused(503, str(err)) from None
-        except EngineError as err:
-            self._end(live, EpisodeStatus.ERROR, f"engine error: {err}")
-            raise _Refused(502, str(err)) from None
-        live.timings["generate_s"] += time.perf_counter() - t0
-        live.server = out.server
-        return out
+        if params.seed is None:
+            return [params] * n
+        seeds = [params.seed] + [zlib.crc32(f"{params.seed}:{k}".encode()) for k in range(1, n)]
+        return [dataclasses.replace(params, seed=seed) for seed in seeds]
 
     @staticmethod
     def _end(live: _Live, status: EpisodeStatus, reason: str) -> None:
         live.ending = live.ending or Ending(status, reason)
 
 
-def _unknown_session(sid: str) -> _Refused:
-    return _Refused(404, f"no open session {sid!r}: open one with AgentEndpoint.open()")
-
-
-async def _request_body(request: web.Request) -> dict[str, Any]:
-    """The request's JSON; streaming and ``n > 1`` are refused (one reply per turn)."""
-    try:
-        body = await request.json()
-    except ValueError:
-        raise _Refused(400, "the request body is not JSON") from None
-    if not isinstance(body, dict):
-        raise _Refused(400, "the request body must be a JSON object")
-    if body.get("stream"):
-        raise _Refused(400, "streaming is not supported; send stream=false", "stream")
-    if body.get("n", 1) != 1:
-        raise _Refused(400, "one reply per request: n must be 1", "n")
-    for key in ("max_tokens", "max_completion_tokens"):
-        cap = body.get(key)
-        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
-            raise _Refused(400, f"{key} must be a positive integer, got {cap!r:.40}", key)
-    return body
+def _unknown_session(sid: str) -> ApiError:
+    return ApiError(404, f"no open session {sid!r}: open one with AgentEndpoint.open()")
 
 
 def _task_prompt(messages: list[Message]) -> str:
