@@ -23,7 +23,9 @@ which stops the run: training on ids the policy never sampled is silently wrong.
 exception inside the function makes an ``error`` episode with its reason instead (an
 unreachable engine an ``aborted`` one, played again as the built-in loop's are).
 
-The built-in env loop (:func:`play_env`) is one implementation of this interface.
+The built-in env loop (:func:`play_env`) is one implementation of this interface;
+``agent.command`` (:class:`vime.agents.agent_command.AgentCommand`, an agent program
+run against vime's endpoint) is another, checked the same way.
 
 Example (a function that asks once and grades with the env):
     >>> async def generate(ctx):  # doctest: +SKIP

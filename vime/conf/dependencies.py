@@ -160,6 +160,32 @@ RULES: tuple[Needs, ...] = (
         "set trainer.lr_decay_style=linear or cosine, or leave it unset",
     ),
     Needs(
+        ("rollout.generate",),
+        "agent.command",
+        lambda c: not c.agent.command,
+        "(every sample runs the agent command instead)",
+        "set one of agent.command (an agent program) and rollout.generate (a function)",
+    ),
+    Needs(
+        ("agent.timeout_s", "agent.max_turns", "agent.host"),
+        "agent.command",
+        lambda c: bool(c.agent.command),
+        "(no agent program runs)",
+        "set agent.command, or leave it unset",
+    ),
+    Needs(
+        (
+            "rollout.collector.max_turns",
+            "rollout.collector.tool_parse_errors",
+            "rollout.collector.truncate_on_max_tokens",
+            "rollout.collector.env_workers",
+        ),
+        "agent.command",
+        lambda c: not c.agent.command,
+        "(the agent runs its own loop: agent.max_turns bounds its replies)",
+        "leave it unset with agent.command",
+    ),
+    Needs(
         ("rollout.collector.sampling.seed",),
         "rollout.collector.seed",
         lambda c: c.rollout.collector.seed is None,

@@ -28,14 +28,17 @@ Example:
 
 from __future__ import annotations
 
+import shlex
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vime.agents.collector import CollectorConfig
 from vime.config import require, require_choice
 from vime.engine.config import EngineConfig
 from vime.envs.tasks import TaskSourceConfig
+from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig
 from vime.placement.config import PlacementConfig
@@ -43,6 +46,9 @@ from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
 from vime.types import SamplingParams
+
+if TYPE_CHECKING:
+    from vime.agents.endpoint import EndpointConfig
 
 GROUPS = ("env", "model", "algorithm", "engine", "rollout")
 MODES = ("sync", "async")
@@ -206,6 +212,69 @@ class RolloutConfig:
 
 
 @dataclass
+class AgentConfig:
+    """An agent program you already have, trained as it is (docs/extend.md, Agents you
+    already have): ``command`` runs once per sample of every task, against its own session
+    of vime's OpenAI-compatible endpoint (:mod:`vime.agents.agent_command`), in place of
+    the env loop. "" = the env loop (or ``rollout.generate``).
+
+    The session's sampling, token budget, tool parser, template handling, env timeout and
+    seed are the collector's (``rollout.collector.sampling``, ``max_model_len``,
+    ``tool_parser``, ``on_template_mismatch``, ``sample_per_turn``,
+    ``chat_template_kwargs``, ``env_timeout_s``, ``seed``): one place per run, as in the
+    env loop. The keys here are the agent's own.
+
+    Example:
+        >>> AgentConfig(command="python examples/own_agent.py --fast").argv
+        ['python', 'examples/own_agent.py', '--fast']
+    """
+
+    command: str = ""  # split as a shell would split it (shlex); the task's prompt on stdin
+    timeout_s: float = 600.0  # the agent's wall time per sample; past it: killed, an error
+    max_turns: int = 16  # replies per session; a request past them is refused (truncated)
+    host: str = "127.0.0.1"  # the endpoint's address (an agent in a container must reach it)
+
+    @property
+    def argv(self) -> list[str]:
+        return shlex.split(self.command)
+
+    def __post_init__(self) -> None:
+        require(self.timeout_s > 0, "agent.timeout_s", "must be > 0 seconds")
+        require(self.max_turns >= 1, "agent.max_turns", "must be >= 1")
+        if not self.command:
+            return
+        try:
+            argv = self.argv
+        except ValueError as err:  # an unclosed quote
+            why = f"agent.command: does not split as a shell command: {err}"
+            raise ConfigError(why, key="agent.command") from None
+        require(bool(argv), "agent.command", "is blank; give the agent's command line")
+        require(
+            shutil.which(argv[0]) is not None,
+            "agent.command",
+            f"starts with {argv[0]!r}, which is not an executable file or on PATH",
+        )
+
+    def endpoint(self, collector: CollectorConfig) -> EndpointConfig:
+        """The endpoint's config: the collector's sampling and limits, the agent's keys."""
+        from vime.agents.endpoint import EndpointConfig  # (aiohttp: only for a run with agents)
+
+        return EndpointConfig(
+            sampling=collector.sampling,
+            max_model_len=collector.max_model_len,
+            max_turns=self.max_turns,
+            tool_parser=collector.tool_parser,
+            on_template_mismatch=collector.on_template_mismatch,
+            sample_per_turn=collector.sample_per_turn,
+            chat_template_kwargs=dict(collector.chat_template_kwargs),
+            agent_timeout_s=self.timeout_s,
+            env_timeout_s=collector.env_timeout_s,
+            seed=collector.seed,
+            host=self.host,
+        )
+
+
+@dataclass
 class AlgorithmConfig:
     """How a step's rewards become advantages (docs/algorithms.md; the keys are checked
     against each other and the trainer's in :class:`TrainConfig`). The ``algorithm=``
@@ -256,6 +325,7 @@ class TrainConfig:
     placement: PlacementConfig = field(default_factory=PlacementConfig)
     reference: ReferenceConfig = field(default_factory=ReferenceConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)  # algorithm.advantage=gae
+    agent: AgentConfig = field(default_factory=AgentConfig)  # an agent program to train
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
     trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
     # Optimizer steps of the policy; a resumed run goes on to this one. The last step is

@@ -65,8 +65,8 @@ def trainer_in_own_process(setting: bool | None, *, mode: str, sync: str, world_
         )
     if setting and sync != "disk":
         raise ConfigError(
-            f"placement.trainer_process=true with sync={sync}: GPU weight sync is driven by "
-            "rank 0's trainer, in the loop's process; use sync=disk or trainer_process=false",
+            f"placement.trainer_process=true with sync={sync}: a GPU sync from a trainer in "
+            "its own process has not run on a GPU yet; use sync=disk or trainer_process=false",
             key="placement.trainer_process",
         )
     return bool(setting)

@@ -33,8 +33,9 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from vime import gc_freeze
+from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
-from vime.agents.generate import load_generate
+from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
 from vime.buffer import DataBuffer
@@ -103,9 +104,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         2
     """
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
-    generate = load_generate(cfg.rollout.generate)  # a wrong one fails before engines start
-    rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)  # so do these
-    load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)  # and these
+    plays = _sample_players(cfg)  # a wrong extension point fails before engines start
     own_process = trainer_in_own_process(
         cfg.placement.trainer_process,
         mode=cfg.rollout.mode,
@@ -140,11 +139,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         engines, policy, sync = _engine_clients(cfg, fleet, group, run, start, external)
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
-        collector = Collector(
-            policy, model_dir, cfg.rollout.collector, generate=generate, rewards=rewards
-        )
-        cleanup.callback(collector.close)
-        runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
+        runner = _rollouts(cfg, plays, policy, model_dir, buffer, tasks, sync, cleanup)
         runner.save = lambda s: _checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
@@ -181,6 +176,46 @@ def train(cfg: TrainConfig) -> TrainResult:
 
 
 # ---------------------------------------------------------------- setup helpers
+
+
+@dataclass
+class _Players:
+    """What plays and scores each sample (the run's extension points, docs/extend.md)."""
+
+    generate: GenerateFn | None  # None: the env loop
+    rewards: Rewards
+
+
+def _sample_players(cfg: TrainConfig) -> _Players:
+    """Load and check the extension points before anything starts: ``agent.command``'s
+    program or ``rollout.generate``'s function, the rewards, the filters (loaded again,
+    from a cache, where each step selects its groups)."""
+    load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)
+    generate = load_generate(cfg.rollout.generate)
+    if cfg.agent.command:  # the agent program plays every sample (vime.agents.agent_command)
+        generate = AgentCommand(cfg.agent.argv, cfg.agent.endpoint(cfg.rollout.collector))
+    return _Players(generate, Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward))
+
+
+def _rollouts(
+    cfg: TrainConfig,
+    plays: _Players,
+    policy: PolicyClient,
+    model_dir: Path,
+    buffer: DataBuffer,
+    tasks: TaskSource,
+    sync: WeightSync,
+    cleanup: contextlib.ExitStack,
+) -> Rollouts:
+    """(Rank 0.) The collector and the runner that gives each step its episodes."""
+    collector = Collector(
+        policy, model_dir, cfg.rollout.collector, generate=plays.generate, rewards=plays.rewards
+    )
+    cleanup.callback(collector.close)
+    runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
+    if isinstance(plays.generate, AgentCommand):  # its endpoint serves on the rollout loop:
+        cleanup.callback(plays.generate.close)  # stopped before that loop is
+    return runner
 
 
 def _run_writers(

