@@ -154,5 +154,5 @@ def test_the_docs_example_trains_three_steps(shared_engine, tmp_path):
     episodes = list(DataBuffer(result.run_dir, readonly=True).iter_episodes())
     assert len(episodes) == 3 * 2 * 2
     for ep in episodes:  # one answer each, sampled by the engine (checked when collected)
-        assert ep.status is EpisodeStatus.COMPLETED
+        assert ep.status is EpisodeStatus.COMPLETED and ep.env_id == "vime/Math-v0"
         assert 0 < sum(ep.loss_mask) <= 16 and len(ep.messages) == 2

@@ -272,7 +272,7 @@ class Collector:
         new group, or just the jobs ``only`` lists (a re-run).
         """
         factory = env_factory(env)
-        env_id = env if isinstance(env, str) else ""
+        env_id = str(getattr(factory, "env_id", ""))  # an EnvMaker says; a lambda does not
         for task in tasks:
             check_task(task)
         jobs: asyncio.Queue[tuple[int, int, str] | None] = asyncio.Queue()
@@ -416,9 +416,9 @@ def env_factory(env: str | EnvFactory) -> EnvFactory:
         True
     """
     if isinstance(env, str):
-        from vime.envs import make
+        from vime.envs import EnvMaker
 
-        return lambda: make(env)
+        return EnvMaker(env)
     if not callable(env):
         raise EnvError(f"collector: env must be a registered id or a factory, got {env!r:.80}")
     return env

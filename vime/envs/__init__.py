@@ -15,6 +15,7 @@ from vime.envs.answers import extract_boxed
 from vime.envs.base import Env
 from vime.envs.checker import CheckResult, check_env, run_checks
 from vime.envs.registration import (
+    EnvMaker,
     EnvSpec,
     make,
     preflight_env,
@@ -32,6 +33,7 @@ __all__ = [
     "CheckResult",
     "ContractChecker",
     "Env",
+    "EnvMaker",
     "EnvSpec",
     "EpisodeGuard",
     "MessagesSpace",

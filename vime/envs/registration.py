@@ -197,6 +197,23 @@ def make(id: str, **kwargs: Any) -> EpisodeGuard:
     return wrap(env, env_id=id, max_turns=max_turns)
 
 
+@dataclass(frozen=True, eq=False)
+class EnvMaker:
+    """A factory of fresh envs of one registered id, ``make(env_id, **kwargs)``, that says
+    which env it makes (the collector names a generation function's episodes by it).
+
+    Example:
+        >>> EnvMaker("vime/Math-v0")().env_id
+        'vime/Math-v0'
+    """
+
+    env_id: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+    def __call__(self) -> EpisodeGuard:
+        return make(self.env_id, **self.kwargs)
+
+
 def preflight_env(id: str, kwargs: dict[str, Any] | None = None, *, key: str = "env.id") -> None:
     """Make the env once, run its :meth:`~vime.envs.Env.preflight` check, and close it.
 

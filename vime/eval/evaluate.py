@@ -98,7 +98,7 @@ async def _run_set(
     collector = Collector(policy, tokenizer, s.collector, rewards=rewards)
     t0 = time.perf_counter()
     try:
-        episodes = await collector.collect(tasks, lambda: envs.make(s.env, **s.kwargs))
+        episodes = await collector.collect(tasks, envs.EnvMaker(s.env, dict(s.kwargs)))
     finally:
         collector.close()
     return episodes, time.perf_counter() - t0

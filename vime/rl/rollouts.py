@@ -46,7 +46,6 @@ from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.conf.train import TrainConfig
 from vime.envs import TaskSource
-from vime.envs.wrappers import EpisodeGuard
 from vime.errors import ConfigError, EngineError, RolloutError
 from vime.rl.advantages import select_groups
 from vime.rl.stream import RolloutStream
@@ -162,6 +161,7 @@ class Rollouts:
         self.policy = policy
         self.sync = sync
         self.save = save
+        self._env_factory = envs.EnvMaker(cfg.env.id, dict(cfg.env.kwargs))
         # The client's per-try timeout is a rollout key: a hung engine then ends as lost.
         policy.config.request_timeout_s = cfg.rollout.request_timeout_s
         self.loop = asyncio.new_event_loop()
@@ -448,9 +448,6 @@ class Rollouts:
         # while the trainer trained, so the step's own rollout time does not measure it.
         self.collect_s = time.perf_counter() - t0
         return episodes
-
-    def _env_factory(self) -> EpisodeGuard:
-        return envs.make(self.cfg.env.id, **self.cfg.env.kwargs)
 
 
 def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:
