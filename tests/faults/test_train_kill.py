@@ -4,7 +4,8 @@ One run on the session's engine (attached: it outlives the kills, so no engine s
 between them) is killed four times, each time by a real SIGKILL to the train process's
 whole group, and resumed with ``resume=`` after each kill:
 
-1. mid-rollout of step 2 (the engine is generating its requests);
+1. mid-rollout of step 2 (its requests sent to the engine, which is held with SIGSTOP from
+   step 1's checkpoint on, so that the kill always lands before step 2 can finish);
 2. mid-train of step 2 (``VIME_TEST_PAUSE_AT=train:2``: buffered, not trained);
 3. mid-sync of step 3 (``sync:3``: weights v3 exported, not yet in the engine);
 4. mid-checkpoint of step 4 (``checkpoint:4``: the trainer state written, the checkpoint
@@ -18,7 +19,12 @@ v5, and nothing left running after any kill.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -29,9 +35,9 @@ from tests.faults._faults import (
     check_buffer,
     data_position,
     kill_group,
-    requests_running,
     rows,
     run_folder,
+    server_pid,
     start_train,
     still_running,
     tail,
@@ -39,7 +45,7 @@ from tests.faults._faults import (
     wait_log,
 )
 from vime.buffer import DataBuffer
-from vime.engine import EngineClient
+from vime.engine import EngineClient, VLLMServer
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -74,12 +80,15 @@ def _state(run: Path) -> tuple[list[int], list[str], list[int]]:
 
 def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(shared_engine, tmp_path):
     args = _args(shared_engine.url, tmp_path)
-    # 1. Mid-rollout of step 2: step 1 done, the engine generating step 2's requests.
+    # 1. Mid-rollout of step 2: step 1 done, step 2's requests sent to a held engine. (Polling
+    # the engine for running requests instead missed step 2's short rollout under CI load.)
     log = tmp_path / "train.log"
-    proc = start_train(tmp_path, args)
-    run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 240)
-    wait_for("step 2's requests", lambda: requests_running(_port(shared_engine.url)) > 0, 60)
-    left = kill_group(proc)
+    proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="checkpoint:1", VIME_TEST_PAUSE_S="5")
+    wait_log(proc, log, "vime-test: paused at checkpoint step 1", 240)
+    with held(shared_engine):  # step 1 is synced: nothing else needs the engine before step 2
+        run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 60)
+        time.sleep(2)  # step 2's rollout starts right after step 1's metrics row
+        left = kill_group(proc)
     assert still_running(left) == [], tail(log)
     assert _state(run) == ([1], ["step_000001"], [1])  # step 2 never acknowledged
     resume = [*args, f"resume={run}"]
@@ -109,8 +118,17 @@ def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(shared_e
     assert version == str(STEPS)  # the engine serves the last step's weights
 
 
-def _port(url: str) -> int:
-    return int(url.rstrip("/").rsplit(":", 1)[1])
+@contextlib.contextmanager
+def held(engine: VLLMServer) -> Iterator[None]:
+    """The engine's process group stopped (SIGSTOP) inside: requests sent to it wait."""
+    port = int(engine.url.rstrip("/").rsplit(":", 1)[1])
+    pgid = engine.pid or server_pid(port)
+    assert pgid is not None, f"no local engine serves port {port}"
+    os.killpg(pgid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(pgid, signal.SIGCONT)
 
 
 def _check_like_uninterrupted(run: Path, args: list[str], tmp_path: Path) -> None:
