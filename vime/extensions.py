@@ -64,7 +64,7 @@ def load_function(
         raise ConfigError(f"{key}: module {where!r} has no {name!r}; expected {signature}", key=key)
     if not callable(fn):
         raise ConfigError(f"{key}: {spec} is not a function; expected {signature}", key=key)
-    if asynchronous and not _is_async(fn):
+    if asynchronous and not is_async(fn):
         raise ConfigError(
             f"{key}: {spec} is a plain function, but vime awaits it: define it with "
             f"'async def'; expected {signature}",
@@ -82,7 +82,7 @@ async def call(fn: Callable[..., Any], **kwargs: Any) -> Any:
         >>> asyncio.run(call(lambda x: x + 1, x=1))
         2
     """
-    if _is_async(fn):
+    if is_async(fn):
         return await fn(**kwargs)
     result = await asyncio.to_thread(fn, **kwargs)
     if inspect.isawaitable(result):  # a plain function that returns a coroutine
@@ -90,7 +90,13 @@ async def call(fn: Callable[..., Any], **kwargs: Any) -> Any:
     return result
 
 
-def _is_async(fn: Callable[..., Any]) -> bool:
+def is_async(fn: Callable[..., Any]) -> bool:
+    """True for an ``async def`` function, or an object whose ``__call__`` is one.
+
+    Example:
+        >>> is_async(call), is_async(load_function)
+        (True, False)
+    """
     call_method = getattr(fn, "__call__", None)  # noqa: B004 - an object with async __call__
     return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call_method)
 

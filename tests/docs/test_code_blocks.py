@@ -480,6 +480,13 @@ def test_the_extend_page_shows_the_generation_example_file():
     assert block.code == (ROOT / "examples" / "generate_math.py").read_text()
 
 
+def test_the_extend_page_shows_the_orchestrator_example_file():
+    """docs/extend.md's orchestrator is examples/orchestrator_until_full.py, which
+    tests/rl/test_orchestrator.py checks against the contract and trains for 2 steps."""
+    (block,) = [b for b in BLOCKS if b.page == "docs/extend.md" and "class UntilFull" in b.code]
+    assert block.code == (ROOT / "examples" / "orchestrator_until_full.py").read_text()
+
+
 def test_yaml_blocks_parse():
     import yaml
 

@@ -171,7 +171,7 @@ def test_error_budget_stops_the_run_with_the_reasons(vllm_server, tiny_model_dir
     ]
     with _rollouts(tmp_path / "a", vllm_server.url, tiny_model_dir, tasks) as runner:
         with pytest.raises(RolloutError) as caught:
-            runner.episodes_for(1, 0)
+            runner.step_episodes(1, 0)
         assert runner.buffer.steps() == []  # the failed step is not buffered
     text = str(caught.value)
     assert "step 1: 12 of 16 episodes ended in error (75%" in text
@@ -181,7 +181,7 @@ def test_error_budget_stops_the_run_with_the_reasons(vllm_server, tiny_model_dir
     # Under a budget that allows it, the step goes through: errors kept, none retried.
     budget = "rollout.max_error_frac=0.8"
     with _rollouts(tmp_path / "b", vllm_server.url, tiny_model_dir, tasks, budget) as runner:
-        episodes, stats = runner.episodes_for(1, 0)
+        episodes, stats = runner.step_episodes(1, 0)
         assert runner.buffer.count(1) == 16
     assert stats["rollout/error"] == 0.75 and stats["rollout/retried"] == 0
     assert sum(ep.status is EpisodeStatus.COMPLETED for ep in episodes) == 4
@@ -196,7 +196,7 @@ def test_an_engine_that_stays_unreachable_fails_the_step_naming_it(tiny_model_di
         tmp_path, url, tiny_model_dir, tasks, model="m", max_attempts=1, backoff_initial_s=0
     )
     with runner, pytest.raises(EngineError) as caught:
-        runner.episodes_for(1, 0)
+        runner.step_episodes(1, 0)
     text = str(caught.value)
     assert "4 episodes were still lost to an unavailable engine after 2 retries" in text
     assert f"engine(s) {url}" in text and "rollout.engine_retries=2" in text

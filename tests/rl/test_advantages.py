@@ -4,16 +4,13 @@ the refill of filtered groups (dynamic sampling), its bound and its replay on re
 
 from __future__ import annotations
 
-import asyncio
 import math
 
 import pytest
 import torch
 
-from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
 from vime.conf.train import AlgorithmConfig, RolloutConfig, TrainConfig
-from vime.envs import TaskSource
 from vime.errors import ConfigError
 from vime.rl.advantages import (
     advantages,
@@ -24,7 +21,6 @@ from vime.rl.advantages import (
     reinforce_pp_baseline,
     rloo,
 )
-from vime.rl.rollouts import Rollouts
 from vime.trainer.losses import LossConfig, aggregate, denominator, policy_loss
 from vime.trainer.reference import ReferenceConfig
 from vime.trainer.step import TrainerConfig
@@ -203,77 +199,3 @@ def test_reference_path_must_be_an_hf_folder(tmp_path):
             reference=ReferenceConfig(path=str(tmp_path)),
             trainer=TrainerConfig(loss=LossConfig(kl_coef=0.1)),
         )
-
-
-# ---------------------------------------------------------------- dynamic sampling (refill)
-
-
-class _Runner:
-    """The parts of the rollout runner that the refill uses; task "tN" with N even gets
-    rewards [1, 0] (a signal), odd [1, 1] (filtered out); ``abort`` aborts later rounds."""
-
-    def __init__(self, cfg, run_dir, *, all_equal=False, abort=False):
-        self.cfg, self.all_equal, self.abort, self.calls = cfg, all_equal, abort, 0
-        self.buffer = DataBuffer(run_dir)
-        self.tasks = TaskSource([{"id": f"t{i}"} for i in range(20)], shuffle=False)
-        self.collector, self._env_factory = self, None
-
-    # The runner's own refill code, on this runner's fakes (no engine, no threads).
-    step_episodes = Rollouts.step_episodes
-    _refill = Rollouts._refill
-    _replay_refilled = Rollouts._replay_refilled
-
-    def _draw(self):
-        return self.tasks.take(
-            max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
-        )
-
-    async def collect(self, tasks, env):
-        self.calls += 1
-        status = "aborted" if self.abort and self.calls > 1 else "completed"
-        out = []
-        for t in tasks:
-            signal = int(t["id"][1:]) % 2 == 0 and not self.all_equal
-            for k, r in enumerate([1.0, 0.0 if signal else 1.0]):
-                ep = _ep(t["id"], r, status=status)
-                ep.sample_index = k
-                out.append(ep)
-        return out
-
-    def run(self, coro):
-        return asyncio.run(coro)
-
-    def episodes_for(self, step, version):
-        episodes = self.run(self.collect(self._draw(), None))
-        self.buffer.append(episodes, step)
-        return episodes, {"rollout/retried": 0.0}
-
-
-def test_refill_draws_until_the_batch_is_full_and_resume_replays_it(tmp_path):
-    cfg = _cfg(batch_size=2, refill_retries=3)
-    runner = _Runner(cfg, tmp_path)
-    episodes, stats = runner.step_episodes(step=1, version=0)
-    # draw 1: t0 (signal), t1 (filtered) → 1 group; refill 1: t2, t3 → 2 groups: full
-    assert stats["rollout/refills"] == 1.0 and stats["rollout/tasks_drawn"] == 4.0
-    assert sorted({ep.task_id for ep in runner.buffer.read_step(1)}) == ["t0", "t1", "t2", "t3"]
-    samples, _ = make_samples(episodes, cfg, version=0)
-    assert sorted({s.group_id for s in samples}) == ["t0", "t2"]
-    position = runner.tasks.state_dict()
-    runner.buffer.close()
-    # resume: the step is replayed from the buffer, refill included, at the same position
-    again = _Runner(cfg, tmp_path)
-    replayed, stats = again.step_episodes(step=1, version=0)
-    assert [ep.uid for ep in replayed] == [ep.uid for ep in episodes]
-    assert stats["rollout/replayed"] == 1.0 and stats["rollout/refills"] == 1.0
-    assert again.tasks.state_dict() == position and again.calls == 0
-
-
-def test_refill_is_bounded_and_leaves_aborted_rounds_out(tmp_path):
-    runner = _Runner(_cfg(batch_size=2, refill_retries=2), tmp_path / "a", all_equal=True)
-    _, stats = runner.step_episodes(step=1, version=0)
-    assert stats["rollout/refills"] == 2.0 and stats["rollout/tasks_drawn"] == 6.0
-    runner = _Runner(_cfg(batch_size=2, refill_retries=2), tmp_path / "b", abort=True)
-    episodes, stats = runner.step_episodes(step=1, version=0)
-    assert stats["rollout/refills"] == 0.0 and len(episodes) == 4  # the aborted round: out
-    assert runner.tasks.state_dict()["index"] == 2  # its tasks were put back
-    assert len(runner.buffer.read_step(1)) == 4

@@ -199,9 +199,22 @@ class Collector:
         Example (skipped as a doctest: it samples from a running vLLM server):
             >>> episodes = await collector.collect([{"id": "t1"}], "vime/Math-v0")  # doctest: +SKIP
         """
-        found = [item async for item in self._iterate(tasks, env)]
-        found.sort(key=lambda item: (item[0], item[1].sample_index))
-        return [ep for _, ep in found]
+        return [ep for group in await self.collect_groups(tasks, env) for ep in group]
+
+    async def collect_groups(
+        self, tasks: list[dict[str, Any]], env: str | EnvFactory
+    ) -> list[list[Episode]]:
+        """Like :meth:`collect`, one list per task (its group, by sample index); a task that
+        :meth:`abort` kept from starting gets an empty list.
+
+        Example (skipped as a doctest: it samples from a running vLLM server):
+            >>> [len(g) for g in await collector.collect_groups(tasks, env)]  # doctest: +SKIP
+            [8, 8]
+        """
+        groups: list[list[Episode]] = [[] for _ in tasks]
+        async for k, ep in self._iterate(tasks, env):
+            groups[k].append(ep)
+        return [sorted(g, key=lambda ep: ep.sample_index) for g in groups]
 
     async def rerun(
         self, episodes: list[Episode], tasks: list[dict[str, Any]], env: str | EnvFactory

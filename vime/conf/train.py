@@ -181,6 +181,11 @@ class RolloutConfig:
     # A per-sample generation function, 'module:function' or 'file.py:function': async
     # def generate(ctx) -> Episode (vime.agents.generate, docs/extend.md); "" = the env loop.
     generate: str = ""
+    # 'module:factory' or 'file.py:factory': factory(ctx) -> Orchestrator, which decides
+    # what is played when and which groups each step takes (vime.rl.orchestrator,
+    # docs/extend.md); "" = the built-in one of mode. With mode=async it may play while
+    # the trainer trains.
+    orchestrator: str = ""
     # 'module:function' or 'file.py:function': sample_filter(episode) -> bool, False leaves
     # the episode out of training (vime.rl.filters, docs/extend.md); "" = none.
     sample_filter: str = ""

@@ -377,10 +377,13 @@ class TaskSource:
             >>> len(TaskSource([{"id": "a"}, {"id": "b"}]).take(3))
             3
         """
+        return self._up_to(n, self.next)
+
+    def _up_to(self, n: int, draw: Callable[[], Task]) -> list[Task]:
         out = []
         for _ in range(n):
             try:
-                out.append(self.next())
+                out.append(draw())
             except StopIteration:
                 break
         if n > 0 and not out:
@@ -407,6 +410,18 @@ class TaskSource:
             task = self.next()
             self.lent.append(task)
             return task
+
+    def lend_many(self, n: int) -> list[Task]:
+        """Up to ``n`` tasks, each lent as by :meth:`lend` (fewer only when the last epoch
+        ends; :class:`DataError` as :meth:`take` when none is left).
+
+        Example:
+            >>> src = TaskSource([{"id": "a"}, {"id": "b"}], shuffle=False)
+            >>> [t["id"] for t in src.lend_many(3)], len(src.lent)
+            (['a', 'b', 'a'], 3)
+        """
+        with self._lock:
+            return self._up_to(n, self.lend)
 
     def settle(self, task_ids: Sequence[str], *, max_draws: int = 0) -> None:
         """A step trained on these tasks (one id per group): they are no longer lent.

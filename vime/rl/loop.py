@@ -63,6 +63,7 @@ from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.eval_step import evaluate
 from vime.rl.filters import load_filters
+from vime.rl.orchestrator import OrchestratorFactory, load_orchestrator
 from vime.rl.rollouts import STOP, Rollouts
 from vime.rl.tasks import check_task_source, eval_tasks, train_source
 from vime.rl.warm_start import tiny_model_warning, warm_start
@@ -184,17 +185,19 @@ class _Players:
 
     generate: GenerateFn | None  # None: the env loop
     rewards: Rewards
+    orchestrator: OrchestratorFactory | None  # None: the built-in one of rollout.mode
 
 
 def _sample_players(cfg: TrainConfig) -> _Players:
     """Load and check the extension points before anything starts: ``agent.command``'s
-    program or ``rollout.generate``'s function, the rewards, the filters (loaded again,
-    from a cache, where each step selects its groups)."""
+    program or ``rollout.generate``'s function, the rewards, the orchestrator, the filters
+    (loaded again, from a cache, where each step selects its groups)."""
     load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)
     generate = load_generate(cfg.rollout.generate)
     if cfg.agent.command:  # the agent program plays every sample (vime.agents.agent_command)
         generate = AgentCommand(cfg.agent.argv, cfg.agent.endpoint(cfg.rollout.collector))
-    return _Players(generate, Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward))
+    rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)
+    return _Players(generate, rewards, load_orchestrator(cfg.rollout.orchestrator))
 
 
 def _rollouts(
@@ -212,7 +215,8 @@ def _rollouts(
         policy, model_dir, cfg.rollout.collector, generate=plays.generate, rewards=plays.rewards
     )
     cleanup.callback(collector.close)
-    runner = cleanup.enter_context(Rollouts(cfg, collector, buffer, tasks, policy, sync))
+    runner = Rollouts(cfg, collector, buffer, tasks, policy, sync, orchestrator=plays.orchestrator)
+    cleanup.enter_context(runner)
     if isinstance(plays.generate, AgentCommand):  # its endpoint serves on the rollout loop:
         cleanup.callback(plays.generate.close)  # stopped before that loop is
     return runner

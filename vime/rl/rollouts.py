@@ -1,19 +1,23 @@
 """Each RL step's episodes: replayed from the buffer, or collected (sync/async), with the
 faults of a long run handled (each fault, and the test that shows it: RELIABILITY.md).
 
+Which tasks are played when, and which finished groups a step takes, is the
+orchestrator's (:mod:`vime.rl.orchestrator`: a batch per step, the async stream, or the
+user's ``rollout.orchestrator``); everything below is the runner's, the same for each.
+
 - **An engine lost** (killed, or hung past ``rollout.request_timeout_s`` on every try):
-  its episodes end ``aborted`` ("engine unavailable"). :meth:`Rollouts.episodes_for`
+  its episodes end ``aborted`` ("engine unavailable"). :meth:`Rollouts.step_episodes`
   restarts dead launched engines at the current weights (``sync.recover()``) and plays
   the lost episodes again, each as the same task, GRPO group and sample index (the
   group's finished episodes are kept, so every group is complete), at most
   ``rollout.engine_retries`` rounds; then :class:`~vime.errors.EngineError` names the
   engines and the key. Only the final episodes are buffered (once): a step never trains
-  on nothing and never consumes tasks it did not play.
+  on nothing, and its tasks are settled (no longer lent) only once it is buffered.
 - **Env errors** are not retried. When more than ``rollout.max_error_frac`` of a step's
   episodes end in ``error``, :class:`~vime.errors.RolloutError` stops the run with the
   reasons counted (top 5). The step is not buffered: ``resume=`` collects it again.
-- **Ctrl-C** (:data:`STOP`, installed by ``vime-agent train``): the first aborts the
-  collection in flight; at the next step boundary the last completed step is
+- **Ctrl-C** (:data:`STOP`, installed by ``vime-agent train``): the first stops the
+  orchestrator (its tasks stay lent, so the checkpoint keeps them); at the next step boundary the last completed step is
   checkpointed (unless it already is) and :class:`KeyboardInterrupt` says where. A
   second Ctrl-C stops at once. Under torchrun every rank gets the Ctrl-C (a terminal
   signals the whole group, and torchrun forwards it once more): the ranks that follow
@@ -23,7 +27,7 @@ faults of a long run handled (each fault, and the test that shows it: RELIABILIT
 
 Example (skipped as a doctest: it needs engines, a trainer and a run folder):
     >>> with Rollouts(cfg, collector, buffer, tasks, policy, sync) as runner:  # doctest: +SKIP
-    ...     episodes, stats = runner.episodes_for(step=1, version=0)
+    ...     episodes, stats = runner.step_episodes(step=1, version=0)
 """
 
 from __future__ import annotations
@@ -46,8 +50,18 @@ from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.conf.train import TrainConfig
 from vime.envs import TaskSource
-from vime.errors import ConfigError, EngineError, RolloutError
+from vime.errors import EngineError, RolloutError
 from vime.rl.advantages import select_groups
+from vime.rl.orchestrator import (
+    BatchOrchestrator,
+    Orchestrator,
+    OrchestratorContext,
+    OrchestratorFactory,
+    check_groups,
+    check_orchestrator,
+    draw_size,
+    refills,
+)
 from vime.rl.stream import RolloutStream
 from vime.runs.folder import RunDir
 from vime.sync.base import WeightSync
@@ -139,9 +153,11 @@ STOP = StopRequest()
 class Rollouts:
     """Gives each step its episodes (see the module docstring).
 
-    The collector's coroutines run on one event loop in a background thread, so that in
-    async mode step n+1's rollouts keep going while the main thread trains step n.
-    ``save(step)`` writes step's checkpoint (used on Ctrl-C); None: nothing is saved.
+    The collector's coroutines and the orchestrator run on one event loop in a background
+    thread, so that in async mode step n+1's rollouts keep going while the main thread
+    trains step n. ``save(step)`` writes step's checkpoint (used on Ctrl-C); None: nothing
+    is saved. ``orchestrator``: the user's factory (``rollout.orchestrator``); None: the
+    built-in one of ``rollout.mode``.
     """
 
     def __init__(
@@ -153,6 +169,7 @@ class Rollouts:
         policy: PolicyClient,
         sync: WeightSync,
         save: Callable[[int], object] | None = None,
+        orchestrator: OrchestratorFactory | None = None,
     ) -> None:
         self.cfg = cfg
         self.collector = collector
@@ -161,6 +178,10 @@ class Rollouts:
         self.policy = policy
         self.sync = sync
         self.save = save
+        built_in = RolloutStream if cfg.rollout.mode == "async" else BatchOrchestrator
+        self.factory: OrchestratorFactory = orchestrator or built_in
+        self.orchestrator: Orchestrator | None = None  # made at the first collected step
+        self.ctx: OrchestratorContext | None = None
         self._env_factory = envs.EnvMaker(cfg.env.id, dict(cfg.env.kwargs))
         # The client's per-try timeout is a rollout key: a hung engine then ends as lost.
         policy.config.request_timeout_s = cfg.rollout.request_timeout_s
@@ -169,9 +190,7 @@ class Rollouts:
             target=self.loop.run_forever, name="vime-rollouts", daemon=True
         )
         self.thread.start()
-        self.stream: RolloutStream | None = None  # rollout.mode=async, from its first step
-        self.collect_s = 0.0  # wall time of the last batch _collect played
-        self.taken_at = 0.0  # (async) when the last step took its batch (perf_counter)
+        self._stopping: asyncio.Future[None] | None = None  # Ctrl-C's orchestrator.stop()
         STOP.hooks.append(self._abort_soon)
 
     def __enter__(self) -> Rollouts:
@@ -187,212 +206,105 @@ class Rollouts:
     def close(self) -> None:
         with contextlib.suppress(ValueError):
             STOP.hooks.remove(self._abort_soon)
-        if self.stream is not None:
+        if self.orchestrator is not None:
             with contextlib.suppress(Exception):
-                self.run(self.stream.stop())
+                self.run(self.orchestrator.stop())
         with contextlib.suppress(Exception):
             self.run(self.policy.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
 
     def _abort_soon(self) -> None:
-        # From the signal handler: the collector's event belongs to the rollout loop.
+        # From the signal handler: the orchestrator and the collector live on the loop.
         self.loop.call_soon_threadsafe(self._abort)
 
     def _abort(self) -> None:
-        if self.stream is not None:  # admit nothing more; take() returns what it has
-            self.stream.stopping = True
-            self.stream.wake()
         self.collector.abort()
-
-    def _draw(self) -> list[dict[str, Any]]:
-        n = max(1, round(self.cfg.rollout.batch_size * self.cfg.rollout.oversample))
-        return self.tasks.take(n)
+        if self.orchestrator is not None:  # admit nothing more; take() returns what it has
+            self.orchestrator.stopping = True  # at once: stop() runs at the loop's next turn
+            self._stopping = asyncio.ensure_future(self.orchestrator.stop())
 
     def step_episodes(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
-        """The episodes step ``step`` trains on, and rollout metrics: :meth:`episodes_for`,
-        refilled (sync mode, :meth:`_refill`) while ``filter_groups`` leaves fewer than
-        ``batch_size`` groups (dynamic sampling; async mode refills by itself).
+        """The episodes step ``step`` trains on, and rollout metrics: the buffered ones
+        after ``resume`` (the orchestrator is not asked), else the orchestrator's groups,
+        completed, checked, buffered and settled.
 
         Example (skipped as a doctest: it needs a runner with engines):
             >>> episodes, stats = runner.step_episodes(step=3, version=2)  # doctest: +SKIP
             >>> stats["rollout/tasks_drawn"], stats["rollout/refills"]  # doctest: +SKIP
             (128.0, 1.0)
         """
-        r = self.cfg.rollout
-        if r.mode == "async":
-            episodes, stats = self.episodes_for(step, version)
-            groups = len({ep.group_id for ep in episodes})
-            refills = max(0, groups - r.batch_size) / r.batch_size  # in draws of batch_size
-            return episodes, {
-                **stats,
-                "rollout/tasks_drawn": float(groups),
-                "rollout/refills": refills,
-            }
-        if r.refill_retries and step in self.buffer.steps():
-            episodes, rounds = self._replay_refilled(step)
-            stats = {"rollout/replayed": 1.0}
-        else:
-            episodes, stats = self.episodes_for(step, version)
-            episodes, rounds = self._refill(step, version, episodes)
-        trainable = [ep for ep in episodes if ep.trainable]
-        per_draw = max(1, round(r.batch_size * r.oversample))
-        stats.update(
-            {  # over every round (the runner's figures are of its own draw)
-                "reward/mean": sum(ep.reward for ep in trainable) / max(len(trainable), 1),
-                "rollout/episodes": float(len(episodes)),
-                "rollout/tasks_drawn": float(per_draw * (rounds + 1)),
-                "rollout/refills": float(rounds),
-            }
-        )
-        return episodes, stats
-
-    def _refill(
-        self, step: int, version: int, episodes: list[Episode]
-    ) -> tuple[list[Episode], int]:
-        """Up to ``rollout.refill_retries`` more draws of the runner's size while fewer than
-        ``batch_size`` groups survive; each round is buffered under the step before training.
-        Returns the episodes and the rounds drawn."""
-        cfg, rounds = self.cfg, 0
-        while (
-            rounds < cfg.rollout.refill_retries
-            and len(select_groups(episodes, cfg, version)[0]) < cfg.rollout.batch_size
-        ):
-            position = self.tasks.state_dict()
-            drawn = self._draw()
-            extra = self.run(self.collector.collect(drawn, self._env_factory))
-            if any(ep.status is EpisodeStatus.ABORTED for ep in extra):
-                # Ctrl-C or a lost engine: the round is left out (not buffered, its tasks
-                # not drawn) and the step trains on what it has; episodes_for handles the rest.
-                self.tasks.load_state_dict(position)
-                log.warning("step %d: refill round %d aborted; not refilling", step, rounds + 1)
-                break
-            self.buffer.append(extra, step)  # fsync'd before the step trains on them
-            episodes, rounds = episodes + extra, rounds + 1
-        return episodes, rounds
-
-    def _replay_refilled(self, step: int) -> tuple[list[Episode], int]:
-        """(Resume.) A buffered step with its refill rounds: the task source draws as many
-        rounds as the step did (until every buffered task is among them), so that its
-        position is the original run's. Returns the episodes and the refill rounds."""
-        episodes = self.buffer.read_step(step)
-        wanted = {ep.task_id for ep in episodes}
-        drawn: set[str] = set()
-        rounds = -1
-        while not wanted <= drawn and rounds < self.cfg.rollout.refill_retries:
-            drawn |= {str(t["id"]) for t in self._draw()}
-            rounds += 1
-        if not wanted <= drawn:
-            raise ConfigError(
-                f"resume: buffered step {step} holds tasks the restored data position did not "
-                "draw; the task source changed since the run started (env.tasks.*)",
-                key="env.tasks",
-            )
-        return episodes, rounds
-
-    def episodes_for(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
-        """The episodes step ``step`` trains on, and rollout metrics."""
         if STOP.requested:
             self._stop_at(step)
-        if self.cfg.rollout.mode == "async":
-            return self._from_stream(step, version)
-        position = self.tasks.state_dict()
-        drawn = self._draw()
         if step in self.buffer.steps():
-            return self._replay(step, drawn)
-        episodes, retried = self.play(step, drawn)
-        if STOP.requested:  # Ctrl-C during the collection: its tasks were not played
-            self.tasks.load_state_dict(position)
-            self._stop_at(step)
-        self._accept(step, episodes)
+            episodes, stats = self._replay(step), {"rollout/replayed": 1.0}
+        else:
+            episodes, stats = self._collect(step, version)
+        groups = len({ep.group_id for ep in episodes})
         return episodes, {
             **rollout_metrics(episodes),
-            "rollout/retried": float(retried),
-            "rollout/collect_s": self.collect_s,
+            **stats,
+            "rollout/tasks_drawn": float(groups),
+            "rollout/refills": float(refills(groups, self.cfg.rollout)),
         }
 
-    def _accept(self, step: int, episodes: list[Episode]) -> None:
-        """Check the step's episodes and buffer them (fsync'd) before the step trains."""
-        self.sync.recover()  # engines that died: back, at the current weights, before new work
-        _check_errors(step, episodes, self.cfg.rollout.max_error_frac)
-        self.buffer.append(episodes, step)
-
-    def _from_stream(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
-        """(rollout.mode=async.) The step's groups from the continuous stream
-        (:mod:`vime.rl.stream`), or its buffered episodes after ``resume``."""
+    def _replay(self, step: int) -> list[Episode]:
+        """(Resume.) A buffered step: the same episodes; the task source walks as the run
+        did, up to where the step's tasks were drawn (they are no longer lent)."""
+        episodes = self.buffer.read_step(step)
         r = self.cfg.rollout
-        if step in self.buffer.steps():
-            episodes = self.buffer.read_step(step)
-            # Walk the task source as the run did: the step's tasks are no longer lent.
-            reach = len(self.tasks.state_dict()["lent"]) + r.batch_size * (1 + r.refill_retries)
-            self._settle(episodes, max_draws=reach * (2 + r.max_staleness))
-            return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
-        if self.stream is None:
-            self.stream = RolloutStream(
-                r,
-                self.cfg.steps,
-                self.collector,
-                self.tasks,
-                self._env_factory,
-                version=self._served,
-                first_step=step,
-                signal=lambda episodes, v: bool(select_groups(episodes, self.cfg, v)[0]),
-            )
-            self.loop.call_soon_threadsafe(self.stream.start)
-            self.taken_at = time.perf_counter()  # the stream's window opens
+        reach = len(self.tasks.state_dict()["lent"]) + draw_size(r) * (1 + r.refill_retries)
+        self._settle(episodes, max_draws=reach * (2 + r.max_staleness))
+        return episodes
+
+    def _collect(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
+        """The orchestrator's groups for ``step``, played again where an engine lost them,
+        checked against the error budget, buffered (fsync'd) and settled."""
+        orchestrator, ctx = self._orchestrator(step)
         t0 = time.perf_counter()
-        groups = self.run(self.stream.take(version))
-        now = time.perf_counter()
-        # The time the stream had for this batch (since the previous step took its own):
-        # the step's sampled tokens over it is the rollout throughput (console's tok/s).
-        window_s, self.taken_at = now - self.taken_at, now
+        groups = self.run(orchestrator.take(version))
+        wait_s = time.perf_counter() - t0
         if STOP.requested:  # the taken tasks stay lent: the checkpoint keeps them
             self._stop_at(step)
+        check_groups(groups, ctx, self.cfg.rollout.collector.n_samples)
         episodes = [ep for g in groups for ep in g.episodes]
         episodes, retried = self._complete(step, episodes, [g.task for g in groups])
-        self._accept(step, episodes)
+        self.sync.recover()  # engines that died: back, at the current weights, before new work
+        _check_errors(step, episodes, self.cfg.rollout.max_error_frac)
+        self.buffer.append(episodes, step)  # fsync'd before the step trains on them
         self._settle(episodes)
         oldest = min((ep.min_weight_version for ep in episodes), default=version)
         return episodes, {
-            **rollout_metrics(episodes),
             "rollout/retried": float(retried),
-            "rollout/wait_s": now - t0,
-            "rollout/collect_s": window_s,
+            "rollout/wait_s": wait_s,
+            "rollout/collect_s": wait_s,  # a sync take; the stream says its own window
             "rollout/staleness_max": float(version - oldest),
-            "rollout/groups_in_flight": float(len(self.stream.in_flight)),
-            "rollout/groups_ready": float(len(self.stream.ready)),
+            **orchestrator.stats(),
         }
 
-    def _served(self) -> int:
-        return self.sync.version
+    def _orchestrator(self, step: int) -> tuple[Orchestrator, OrchestratorContext]:
+        """The run's orchestrator, made (and started on the rollout loop) at the first step
+        this process collects."""
+        if self.orchestrator is None or self.ctx is None:
+            self.ctx = OrchestratorContext(
+                rollout=self.cfg.rollout,
+                steps=self.cfg.steps,
+                first_step=step,
+                tasks=self.tasks,
+                collector=self.collector,
+                env_factory=self._env_factory,
+                version=lambda: self.sync.version,
+                signal=lambda episodes, v: bool(select_groups(episodes, self.cfg, v)[0]),
+            )
+            made = self.factory(self.ctx)
+            self.orchestrator = check_orchestrator(made, self.cfg.rollout.orchestrator)
+            self.run(_started(self.orchestrator))
+        return self.orchestrator, self.ctx
 
     def _settle(self, episodes: list[Episode], max_draws: int = 0) -> None:
         """The step's tasks (one per group) were trained on: no longer lent."""
         firsts = {ep.group_id: ep.task_id for ep in episodes}
         self.tasks.settle(list(firsts.values()), max_draws=max_draws)
-
-    def play(self, step: int, drawn: list[dict[str, Any]]) -> tuple[list[Episode], int]:
-        """Collect ``drawn`` for ``step``, playing again what an engine lost (bounded);
-        returns the episodes and how many were played again (also for extra draws).
-
-        Example (skipped as a doctest: it needs a running engine):
-            >>> episodes, retried = runner.play(3, tasks.take(8))  # doctest: +SKIP
-        """
-        return self._complete(step, self.run(self._collect(drawn)), drawn)
-
-    def _replay(
-        self, step: int, drawn: list[dict[str, Any]]
-    ) -> tuple[list[Episode], dict[str, float]]:
-        """A buffered step (after resume): the same episodes, checked against the draw."""
-        episodes = self.buffer.read_step(step)
-        replayed = {ep.task_id for ep in episodes}
-        if not replayed <= {str(t["id"]) for t in drawn}:
-            raise ConfigError(
-                f"resume: buffered step {step} holds tasks the restored data position did "
-                "not draw; the task source changed since the run started (env.tasks.*)",
-                key="env.tasks",
-            )
-        return episodes, {**rollout_metrics(episodes), "rollout/replayed": 1.0}
 
     def _complete(
         self, step: int, episodes: list[Episode], drawn: list[dict[str, Any]]
@@ -441,13 +353,9 @@ class Rollouts:
         log.warning("interrupted: %s", note)
         raise KeyboardInterrupt(f"interrupted: {note}; resume with resume={run.root}")
 
-    async def _collect(self, tasks: list[dict[str, Any]]) -> list[Episode]:
-        t0 = time.perf_counter()
-        episodes = await self.collector.collect(tasks, self._env_factory)
-        # Read by episodes_for right after this batch is taken: in async mode it ran
-        # while the trainer trained, so the step's own rollout time does not measure it.
-        self.collect_s = time.perf_counter() - t0
-        return episodes
+
+async def _started(orchestrator: Orchestrator) -> None:
+    orchestrator.start()  # on the rollout loop, where its tasks run
 
 
 def rollout_metrics(episodes: list[Episode]) -> dict[str, float]:

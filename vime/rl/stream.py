@@ -30,9 +30,11 @@ sampling).
 is called by the runner); a checkpoint saves the lent ones, so groups in flight when a run
 is killed are played again after ``resume``.
 
+It is an :class:`~vime.rl.orchestrator.Orchestrator`: the runner
+(:class:`~vime.rl.rollouts.Rollouts`) checks, completes and buffers what it takes.
+
 Example (skipped as a doctest: it needs a collector on a running engine):
-    >>> stream = RolloutStream(cfg.rollout, cfg.steps, collector, tasks, factory,  # doctest: +SKIP
-    ...                        version=lambda: sync.version, first_step=1, signal=trainable)
+    >>> stream = RolloutStream(ctx)  # an OrchestratorContext  # doctest: +SKIP
     >>> groups = runner.run(stream.take(version=0))  # doctest: +SKIP
 """
 
@@ -41,74 +43,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+import time
 from typing import Any
 
-from vime.agents.collector import Collector
-from vime.agents.episode import EnvFactory, lost_to_engine
-from vime.conf.train import RolloutConfig
-from vime.envs import TaskSource
-from vime.types import Episode
+from vime.rl.orchestrator import Group, Orchestrator, OrchestratorContext, draw_size
 
 log = logging.getLogger("vime.train")
-# Whether a step at a weight version could train on a group's episodes (the loop's
-# filter_groups and staleness rules: vime.rl.advantages.select_groups).
-Signal = Callable[[list[Episode], int], bool]
 POLL_S = 0.05  # how often the producer looks for a new weight version
 
 
-@dataclass
-class Group:
-    """One finished group: its task, episodes, admission order and weight version."""
-
-    seq: int  # admission order (the oldest groups are taken first)
-    task: dict[str, Any]
-    episodes: list[Episode]
-    version: int  # the weights the engines served when it was admitted
-
-    def has_signal(self, signal: Signal, version: int) -> bool:
-        """True when a step can train on it (or must play its lost episodes again)."""
-        if any(lost_to_engine(ep) for ep in self.episodes):
-            return True  # the runner re-plays what an engine lost: the group completes
-        return signal(self.episodes, version)
-
-
-class RolloutStream:
+class RolloutStream(Orchestrator):
     """Plays groups continuously within the staleness bound (see the module docstring).
 
     All of its state lives on the rollout event loop: :meth:`start`, :meth:`take` and
     :meth:`stop` run there (``Rollouts.run`` or ``call_soon_threadsafe``).
     """
 
-    def __init__(
-        self,
-        rollout: RolloutConfig,
-        steps: int,
-        collector: Collector,
-        tasks: TaskSource,
-        env_factory: EnvFactory,
-        version: Callable[[], int],
-        first_step: int,
-        signal: Signal,
-    ) -> None:
-        self.rollout = rollout
-        self.steps = steps  # the run's last step: nothing is admitted past it
-        self.signal = signal
-        self.collector = collector
-        self.tasks = tasks
-        self.env_factory = env_factory
-        self.version = version  # the weight version the engines serve now
-        self.steps_taken = first_step - 1
+    def __init__(self, ctx: OrchestratorContext) -> None:
+        super().__init__(ctx)
+        self.steps_taken = ctx.first_step - 1
         self.ready: list[Group] = []
-        self.in_flight: dict[int, asyncio.Task[None]] = {}
+        self.in_flight: dict[int, asyncio.Task[None]] = {}  # by admission number
         self._versions: dict[int, int] = {}  # in flight: the version each was admitted at
-        self.stopping = False
         self.exhausted = False  # the task source has no more tasks
-        self._seq = 0
+        self._admitted = 0
         self._error: BaseException | None = None
         self._finished = asyncio.Event()  # a group finished (take waits on it)
         self._producer: asyncio.Task[None] | None = None
+        self._taken_at = 0.0  # when the previous step took its batch (perf_counter)
+        self._window_s = 0.0  # the time the stream had for the last batch taken
 
     # ------------------------------------------------------------------ producer
 
@@ -116,14 +79,15 @@ class RolloutStream:
         """Start admitting groups (on the rollout loop)."""
         if self._producer is None:
             self._producer = asyncio.get_running_loop().create_task(self._produce())
+            self._taken_at = time.perf_counter()  # the first step's window opens
 
     def _room(self) -> int:
         """How many more groups the staleness bound admits now."""
-        r = self.rollout
-        ahead = min(self.version() + 1 + r.max_staleness, self.steps) - self.steps_taken
-        version = self.version()
+        r, ctx = self.ctx.rollout, self.ctx
+        version = ctx.version()
+        ahead = min(version + 1 + r.max_staleness, ctx.steps) - self.steps_taken
         outstanding = len(self.in_flight) + sum(
-            g.has_signal(self.signal, version) for g in self.ready
+            g.has_signal(ctx.signal, version) for g in self.ready
         )
         by_staleness = ahead * r.batch_size - outstanding
         per_group = r.collector.n_samples
@@ -136,29 +100,31 @@ class RolloutStream:
                 if self.stopping or self.exhausted:
                     break
                 try:
-                    task = self.tasks.lend()
+                    task = self.ctx.lend()
                 except StopIteration:
                     self.exhausted = True
                     self._finished.set()  # a waiting take may have to settle for less
                     break
-                self._seq += 1
-                self._versions[self._seq] = self.version()
-                play = self._play(self._seq, task)
-                self.in_flight[self._seq] = asyncio.get_running_loop().create_task(play)
+                self._admitted += 1
+                self._versions[self._admitted] = self.ctx.version()
+                play = self._play(self._admitted, task)
+                self.in_flight[self._admitted] = asyncio.get_running_loop().create_task(play)
             await asyncio.sleep(POLL_S)
 
-    async def _play(self, seq: int, task: dict[str, Any]) -> None:
+    async def _play(self, admitted: int, task: dict[str, Any]) -> None:
         try:
             if not self.stopping:  # checked where collect() clears the abort flag
-                episodes = await self.collector.collect([task], self.env_factory)
-                self.ready.append(Group(seq, task, episodes, self._versions[seq]))
+                groups = await self.ctx.play([task])
+                # Not self.ready.extend(...): take() may have replaced the list during the
+                # await, and a bound method taken before it would add to the old one.
+                self.ready += groups
         except BaseException as err:  # a bug in the collector: surface it in take()
             if not isinstance(err, asyncio.CancelledError):
                 self._error = err
             raise
         finally:
-            self.in_flight.pop(seq, None)
-            self._versions.pop(seq, None)
+            self.in_flight.pop(admitted, None)
+            self._versions.pop(admitted, None)
             self._finished.set()
 
     # ------------------------------------------------------------------ consumer
@@ -169,36 +135,42 @@ class RolloutStream:
         Example (skipped as a doctest: it needs a collector on a running engine):
             >>> groups = runner.run(stream.take(version=2))  # doctest: +SKIP
         """
-        r = self.rollout
-        cap = max(1, round(r.batch_size * r.oversample)) * (1 + r.refill_retries)
+        r, signal = self.ctx.rollout, self.ctx.signal
+        cap = draw_size(r) * (1 + r.refill_retries)
         while True:
             if self._error is not None:
                 raise self._error
-            signal = [g for g in self.ready if g.has_signal(self.signal, version)]
+            with_signal = [g for g in self.ready if g.has_signal(signal, version)]
             done = self.stopping or (self.exhausted and not self.in_flight)
             # A group this old is stale for every later step: this one waits for it.
             overdue = any(v <= version - r.max_staleness for v in self._versions.values())
-            full = len(signal) >= r.batch_size or len(self.ready) >= cap
+            full = len(with_signal) >= r.batch_size or len(self.ready) >= cap
             if (full and not overdue) or done:
                 break
             self._finished.clear()
             await self._finished.wait()
-        chosen = {g.seq for g in sorted(signal, key=lambda g: g.seq)[: r.batch_size]}
-        without = {g.seq for g in self.ready} - {g.seq for g in signal}
+        chosen = {g.seq for g in sorted(with_signal, key=lambda g: g.seq)[: r.batch_size]}
+        without = {g.seq for g in self.ready} - {g.seq for g in with_signal}
         taken = [g for g in self.ready if g.seq in chosen | without]
         self.ready = [g for g in self.ready if g.seq not in chosen | without]
         self.steps_taken += 1
+        now = time.perf_counter()
+        # The time the stream had for this batch (since the previous step took its own):
+        # the step's sampled tokens over it is the rollout throughput (console's tok/s).
+        self._window_s, self._taken_at = now - self._taken_at, now
         return sorted(taken, key=lambda g: g.seq)
 
-    def wake(self) -> None:
-        """Make a waiting :meth:`take` look again (after ``stopping`` was set)."""
-        self._finished.set()
+    def stats(self) -> dict[str, float]:
+        return {
+            "rollout/collect_s": self._window_s,
+            "rollout/groups_in_flight": float(len(self.in_flight)),
+            "rollout/groups_ready": float(len(self.ready)),
+        }
 
     async def stop(self, timeout_s: float = 60.0) -> None:
         """Admit nothing more; the groups in flight end ``aborted`` after their turn."""
-        self.stopping = True
-        self.collector.abort()
-        self._finished.set()
+        await super().stop()
+        self._finished.set()  # a waiting take returns what it has
         running = list(self.in_flight.values())
         if running:
             with contextlib.suppress(TimeoutError):
