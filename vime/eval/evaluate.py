@@ -24,7 +24,8 @@ per-task differences to ``A`` (default out: ``eval-compare``).
 A crashed env, a dead sandbox or a lost engine ends its episode with a reason: the row
 shows it and the suite still completes. The RL loop's eval step
 (:func:`vime.rl.eval_step.evaluate`) writes the same metrics (``eval/pass@1``,
-``eval/reward``, ...) and the same report files.
+``eval/reward``, ...) and the same report files, its episodes played by the run's
+``rollout.generate`` function or ``agent.command`` when set.
 
 Example:
     $ vime-agent eval ckpt=runs/20261130-061500-math suite=math
@@ -48,6 +49,7 @@ from typing import Any
 
 import vime.envs as envs
 from vime.agents.collector import Collector
+from vime.agents.generate import GenerateFn
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
 from vime.config import apply_overrides
@@ -92,10 +94,16 @@ def check_envs(suite: Suite) -> None:
 
 
 async def _run_set(
-    policy: PolicyClient, tokenizer: Any, s: EvalSet, tasks: list[Task], rewards: Rewards | None
+    policy: PolicyClient,
+    tokenizer: Any,
+    s: EvalSet,
+    tasks: list[Task],
+    rewards: Rewards | None,
+    generate: GenerateFn | None,
 ) -> tuple[list[Episode], float]:
     """Every task of one set ``n_samples`` times; returns the episodes and the wall time."""
-    collector = Collector(policy, tokenizer, s.collector, rewards=rewards)
+    # The set's collector config is the function's ctx.sampling (the eval's, greedy).
+    collector = Collector(policy, tokenizer, s.collector, generate=generate, rewards=rewards)
     t0 = time.perf_counter()
     try:
         episodes = await collector.collect(tasks, envs.EnvMaker(s.env, dict(s.kwargs)))
@@ -111,10 +119,13 @@ async def run_suite(
     meta: dict[str, Any],
     tasks: dict[str, list[Task]] | None = None,
     rewards: Rewards | None = None,
+    generate: GenerateFn | None = None,
 ) -> tuple[dict[str, Any], list[Episode]]:
     """Run every set of ``suite``; returns the report (``meta`` + sets + rows) and every
     episode. ``tasks`` (by set name) replaces a set's task file (the RL loop's held-out
-    tasks); ``rewards`` (the RL loop's ``rollout.reward``/``group_reward``) the envs'.
+    tasks); ``rewards`` (the RL loop's ``rollout.reward``/``group_reward``) the envs';
+    ``generate`` (the RL loop's ``rollout.generate`` or ``agent.command``) plays each
+    episode in place of the env loop, with the set's sampling as its ``ctx.sampling``.
 
     Example (skipped as a doctest: it needs a running vLLM server):
         >>> report, episodes = await run_suite(policy, model_dir, load_suite("math"), {})  # doctest: +SKIP
@@ -127,7 +138,7 @@ async def run_suite(
     episodes: list[Episode] = []
     for s in suite.sets:
         found, wall_s = await _run_set(
-            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s), rewards
+            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s), rewards, generate
         )
         rows += task_rows(s.name, s.env, found, s.k, s.success)
         episodes += found

@@ -1,6 +1,8 @@
 """The RL loop's evaluation step: the train config's env on its held-out tasks, run as
 ``vime-agent eval`` runs a suite (:mod:`vime.eval`), writing the same report files and
-``eval/*`` metrics. The only eval code that sees :class:`TrainConfig`.
+``eval/*`` metrics. The only eval code that sees :class:`TrainConfig`. A run whose samples
+are played by ``rollout.generate`` or ``agent.command`` is evaluated through the same
+function or agent (:func:`eval_generate`), greedily: the eval measures what is trained.
 
 Example:
     >>> from vime.conf.compose import load_config
@@ -13,6 +15,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from vime.agents.agent_command import AgentCommand
+from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
 from vime.conf.train import TrainConfig
@@ -29,11 +33,13 @@ async def evaluate(
     tasks: list[Task],
     run_root: Path | None = None,
     step: int = 0,
+    generate: GenerateFn | None = None,
 ) -> dict[str, float]:
     """The RL loop's eval: greedy on the held-out ``tasks``; returns ``eval/*`` metrics (the
     report's aggregates). With ``run_root``, the report files go to
     ``run_root/eval/step_NNNNNN/``, as ``vime-agent eval`` writes them. The rewards are
-    training's: ``rollout.reward`` and ``rollout.group_reward`` when set.
+    training's: ``rollout.reward`` and ``rollout.group_reward`` when set; ``generate``
+    (:func:`eval_generate`) plays each episode in place of the env loop.
 
     Example (skipped as a doctest: it needs a running vLLM server):
         >>> (await evaluate(policy, model_dir, cfg, tasks, run.root, 10))["eval/pass@1"]  # doctest: +SKIP
@@ -43,11 +49,35 @@ async def evaluate(
     meta = {"checkpoint": str(model_dir), "step": step, "created": now()}
     rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)
     report, episodes = await run_suite(
-        policy, model_dir, suite, meta, tasks={suite.sets[0].name: tasks}, rewards=rewards
+        policy,
+        model_dir,
+        suite,
+        meta,
+        tasks={suite.sets[0].name: tasks},
+        rewards=rewards,
+        generate=generate,
     )
     if run_root is not None:
         write_report(report, episodes, Path(run_root) / "eval" / f"step_{step:06d}")
     return metrics(report)
+
+
+def eval_generate(cfg: TrainConfig) -> GenerateFn | None:
+    """What plays the eval's episodes: ``rollout.generate``'s function, or for
+    ``agent.command`` an :class:`AgentCommand` of its own whose endpoint samples greedily
+    (:func:`training_suite`'s settings); None: the env loop. An AgentCommand's endpoint
+    starts at its first eval and serves on the caller's event loop: ``close()`` it before
+    that loop stops.
+
+    Example:
+        >>> from vime.conf.compose import load_config
+        >>> eval_generate(load_config(["rollout.generate=vime.agents.generate:play_env"])).__name__
+        'play_env'
+    """
+    if cfg.agent.command:  # training's AgentCommand samples at the run's temperature
+        greedy = training_suite(cfg).sets[0].collector
+        return AgentCommand(cfg.agent.argv, cfg.agent.endpoint(greedy))
+    return load_generate(cfg.rollout.generate)
 
 
 def training_suite(cfg: TrainConfig) -> Suite:

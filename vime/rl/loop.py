@@ -20,12 +20,14 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
 import shutil
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +63,7 @@ from vime.placement.trainer_process import (
 )
 from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.console import StepConsole, quiet_library_warnings
-from vime.rl.eval_step import evaluate
+from vime.rl.eval_step import eval_generate, evaluate
 from vime.rl.filters import load_filters
 from vime.rl.orchestrator import OrchestratorFactory, load_orchestrator
 from vime.rl.rollouts import STOP, Rollouts
@@ -142,9 +144,10 @@ def train(cfg: TrainConfig) -> TrainResult:
         version = start
         runner = _rollouts(cfg, plays, policy, model_dir, buffer, tasks, sync, cleanup)
         runner.save = lambda s: _checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
+        evaluated = _evaluation(cfg, policy, model_dir, held_out, run.root, cleanup)
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
-            baseline = runner.run(evaluate(policy, model_dir, cfg, held_out, run.root, 0))
+            baseline = runner.run(evaluated(step=0))
             metrics_log.write(0, baseline)
             console.baseline(baseline)
         for step in range(start + 1, cfg.steps + 1):
@@ -165,7 +168,7 @@ def train(cfg: TrainConfig) -> TrainResult:
                 "weight_version": _fleet_version(engines, version),
             }
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
-                row.update(runner.run(evaluate(policy, model_dir, cfg, held_out, run.root, step)))
+                row.update(runner.run(evaluated(step=step)))
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 _checkpoint(run, group, tasks, step)
             metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
@@ -436,6 +439,24 @@ def _task_sources(cfg: TrainConfig) -> tuple[TaskSource, list[dict[str, Any]]]:
     """The training task source (drawn step by step) and the held-out evaluation tasks."""
     # No evaluation, no eval tasks: a source function without an eval split is fine then.
     return train_source(cfg), eval_tasks(cfg.env) if cfg.eval_every else []
+
+
+def _evaluation(
+    cfg: TrainConfig,
+    policy: PolicyClient,
+    model_dir: Path,
+    held_out: list[dict[str, Any]],
+    run_root: Path,
+    cleanup: contextlib.ExitStack,
+) -> functools.partial[Coroutine[Any, Any, dict[str, float]]]:
+    """(Rank 0.) The eval step, called as ``evaluated(step=N)``: played by what plays the
+    training samples (:func:`eval_generate`: the function, or a greedy agent endpoint)."""
+    generate = eval_generate(cfg)
+    if isinstance(generate, AgentCommand):  # its endpoint serves on the rollout loop:
+        cleanup.callback(generate.close)  # registered after the runner, stopped before it
+    return functools.partial(
+        evaluate, policy, model_dir, cfg, held_out, run_root, generate=generate
+    )
 
 
 def _step_times(t0: float, t1: float, t2: float, t3: float) -> dict[str, float]:
