@@ -8,6 +8,7 @@ per step (< 1 means the overlap pays).
     .venv/bin/python bench/step.py                 # defaults: env=math, 6 steps, 2 rounds
     .venv/bin/python bench/step.py --steps 8 --rounds 3 rollout.batch_size=32
     .venv/bin/python bench/step.py --pin              # engine on the last core, the rest here
+    .venv/bin/python bench/step.py rollout.partial_rollouts=false  # async runs only
 
 ``--pin`` gives the engine its own core(s), as on a machine where rollouts and training
 have their own devices: the server (and every process it starts) is launched with this
@@ -35,10 +36,13 @@ import threading
 import time
 
 from vime.conf.compose import load_config
+from vime.conf.dependencies import RULES
 from vime.engine import EngineConfig, VLLMServer
 from vime.rl.loop import prepare_model, train
 from vime.runs.folder import RunDir
 
+# Keys that act only in async mode (vime.conf.dependencies): a sync run fails on them.
+ASYNC_ONLY = {key for rule in RULES if rule.needs == "rollout.mode" for key in rule.keys}
 KEYS = ("time/rollout_s", "time/train_s", "time/sync_s", "time/step_s")
 # The sync's own split (disk sync: the export, then the engine's pause, reload and reset).
 SYNC_KEYS = ("sync/export_s", "sync/pause_s", "sync/reload_s", "sync/cache_reset_s")
@@ -61,20 +65,22 @@ def main() -> int:
     args = parser.parse_args()
 
     root = tempfile.mkdtemp(prefix="vime-bench-step-")
+    # Given to the async runs alone: in a sync run they would do nothing (and fail it).
+    async_only = [o for o in args.overrides if o.partition("=")[0].lstrip("+~") in ASYNC_ONLY]
     base = [
         f"run_root={root}",
         f"steps={args.steps}",
         "eval_every=0",
         "save_every=0",
         "plot=false",
-        *args.overrides,
+        *(o for o in args.overrides if o not in async_only),
     ]
     cfg = load_config(base)
     model_dir = prepare_model(cfg, RunDir.create(root, "model"))
     if args.engine_url:
         if args.pin:
             parser.error("--pin launches the engine itself: not with --engine-url")
-        return _compare(args, base, VLLMServer.attach(args.engine_url))
+        return _compare(args, base, async_only, VLLMServer.attach(args.engine_url))
     cores = sorted(os.sched_getaffinity(0))
     if args.pin:
         if len(cores) < 2:
@@ -95,7 +101,7 @@ def main() -> int:
             f"trainer on {cores[:-1]}"
         )
     try:
-        return _compare(args, base, server)
+        return _compare(args, base, async_only, server)
     finally:
         server.stop()
 
@@ -122,15 +128,19 @@ def _pin_rollout_threads(cores: list[int]) -> None:
     threading.Thread(target=watch, name="bench-pinner", daemon=True).start()
 
 
-def _compare(args: argparse.Namespace, base: list[str], server: VLLMServer) -> int:
-    """Alternate sync and async runs on ``server``; print the medians and ratios."""
+def _compare(
+    args: argparse.Namespace, base: list[str], async_only: list[str], server: VLLMServer
+) -> int:
+    """Alternate sync and async runs on ``server`` (``async_only``: overrides of the async
+    runs alone); print the medians and ratios."""
     results: dict[str, list[dict[str, float]]] = {"sync": [], "async": []}
     totals: dict[str, list[float]] = {"sync": [], "async": []}  # whole runs, step 1 included
     last_rewards: dict[str, list[float]] = {"sync": [], "async": []}
     for _ in range(args.rounds):
         for mode in ("sync", "async"):
+            own = async_only if mode == "async" else []
             rows = train(
-                load_config([*base, f"engine.url={server.url}", f"rollout.mode={mode}"])
+                load_config([*base, f"engine.url={server.url}", f"rollout.mode={mode}", *own])
             ).metrics
             # The first step of a run has nothing to overlap with: measure the steady state.
             results[mode].extend(rows[1:])

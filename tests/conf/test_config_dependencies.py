@@ -23,6 +23,10 @@ from vime.rl.tasks import train_source
         (["algorithm.gamma=0.9"], "algorithm.gamma", "algorithm.advantage"),
         (["critic.lr=1e-4"], "critic.lr", "algorithm.advantage"),
         (["trainer.lr_decay_steps=10"], "trainer.lr_decay_steps", "lr_decay_style"),
+        (["trainer.min_lr=1e-5"], "trainer.min_lr", "trainer.lr_decay_style"),
+        (["reference.offload=false"], "reference.offload", "trainer.loss.kl_coef"),
+        (["rollout.max_staleness=2"], "rollout.max_staleness", "rollout.mode"),
+        (["rollout.partial_rollouts=false"], "rollout.partial_rollouts", "rollout.mode"),
         (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
         (
             ["model.warm_start_steps=0", "model.warm_start_target=0.3"],
@@ -48,6 +52,12 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
         ["algorithm.advantage=gae", "algorithm.gamma=0.9", "critic.lr=1e-4"],
         ["env.eval_size=0", "eval_every=0"],  # 0 is off anyway
         ["metrics.wandb=offline", "metrics.wandb_project=mine"],
+        ["trainer.lr_decay_style=cosine", "trainer.lr_decay_steps=10", "trainer.min_lr=1e-5"],
+        ["trainer.loss.kl_coef=0.05", "reference.offload=false"],
+        ["algorithm.kl_reward_coef=0.05", "reference.offload=false"],  # the KL reward's too
+        ["rollout=async"],  # the preset's max_staleness is not the user's
+        ["rollout.mode=async", "rollout.max_staleness=2", "rollout.partial_rollouts=false"],
+        ["rollout.orchestrator=mine.py:keeps_groups", "rollout.max_staleness=0"],
     ],
 )
 def test_a_key_with_what_it_needs_loads(overrides):

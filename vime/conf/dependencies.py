@@ -153,11 +153,35 @@ RULES: tuple[Needs, ...] = (
         "set metrics.wandb=offline or online, or leave metrics.wandb_project unset",
     ),
     Needs(
-        ("trainer.lr_decay_steps",),
+        ("trainer.lr_decay_steps", "trainer.min_lr"),
         "trainer.lr_decay_style",
         lambda c: c.trainer.lr_decay_style != "constant",
         "(a constant learning rate does not decay)",
         "set trainer.lr_decay_style=linear or cosine, or leave it unset",
+    ),
+    Needs(
+        ("reference.offload",),
+        "trainer.loss.kl_coef",
+        # vime.rl.advantages.needs_reference (this layer may not import vime.rl).
+        lambda c: c.trainer.loss.kl_coef > 0 or c.algorithm.kl_reward_coef > 0,
+        "(no KL term: no reference model is built)",
+        "set trainer.loss.kl_coef or algorithm.kl_reward_coef > 0, or leave it unset",
+    ),
+    Needs(
+        ("rollout.max_staleness",),
+        "rollout.mode",
+        # An orchestrator of the user's may keep groups for a later step: they can be stale.
+        lambda c: c.rollout.mode == "async" or bool(c.rollout.orchestrator),
+        "(a sync step trains on what it just played, under the current weights)",
+        "set rollout.mode=async or a rollout.orchestrator that keeps groups across steps, "
+        "or leave it unset",
+    ),
+    Needs(
+        ("rollout.partial_rollouts",),
+        "rollout.mode",
+        lambda c: c.rollout.mode == "async",
+        "(a sync step's requests have all ended before its weight sync)",
+        "set rollout.mode=async, or leave it unset",
     ),
     Needs(
         ("rollout.generate",),
