@@ -17,17 +17,16 @@ from typing import Any
 
 import openai
 import pytest
-from test_chat_templates import (
+
+from tests.agents._thinking import (
     TOOLS,
     TURNS,
     ThinkingToolsEnv,
     check_episode,
     exchanges_of,
-    qwen3_tok,  # noqa: F401 (a fixture)
     samples_of,
     scripted_policy,
 )
-
 from vime.agents import Collector, CollectorConfig
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
 from vime.agents.own_agent_cli import OwnAgentRun
@@ -114,8 +113,7 @@ def play_collector(url: str, tok: Any) -> Episode:
 
 @pytest.mark.engine
 def test_a_thinking_agent_through_the_endpoint_trains_per_turn_samples(
-    vllm_server,
-    qwen3_tok,  # noqa: F811 (the imported fixture)
+    vllm_server, qwen3_tok
 ) -> None:
     tok = qwen3_tok
     ep, exchanges = play_endpoint(vllm_server.url, tok)

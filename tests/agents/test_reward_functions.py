@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from tests._fakes import QuestionEnv
-from tests.agents.test_turn_limit import ScriptedClient
+from tests.agents._scripted_client import ScriptedClient
 from vime.agents import Collector, CollectorConfig
 from vime.agents.episode import ENGINE_UNAVAILABLE
 from vime.agents.rewards import GROUP_REWARD, REWARD, Rewards

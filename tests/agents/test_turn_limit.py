@@ -11,34 +11,15 @@ import pytest
 
 import vime
 from tests._fakes import ToolTurnsEnv
+from tests.agents._scripted_client import ScriptedClient
 from vime.agents import Collector, CollectorConfig, episode
 from vime.agents.episode import FALLBACK_MAX_TURNS, EpisodeRun
-from vime.agents.policy_client import Completion
 from vime.types import Episode, EpisodeStatus
 
 # ToolTurnsEnv never ends by itself on a reply without "answer": only a limit stops it.
 vime.register("test/TurnLimited-v0", entry_point=ToolTurnsEnv, max_turns=3)
 
 MALFORMED = "<tool_call>\n{bad json\n</tool_call>"
-
-
-class ScriptedClient:
-    """Stands in for PolicyClient: every turn samples ``text`` and ends it."""
-
-    def __init__(self, tok: Any, text: str = "Hi") -> None:
-        self.ids = [*tok.encode(text, add_special_tokens=False), tok.eos_token_id]
-
-    async def model_name(self) -> str:
-        return "scripted"
-
-    async def max_model_len(self) -> int:
-        return 4096
-
-    async def generate(self, prompt_ids, params, *, session, max_tokens=None) -> Completion:
-        return Completion(list(self.ids), [-0.5] * len(self.ids), "stop", 0, "scripted")
-
-    def release(self, session: str) -> None:
-        pass
 
 
 def made(**kwargs: Any) -> tuple[Callable[[], Any], list[ToolTurnsEnv]]:
