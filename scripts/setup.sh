@@ -2,7 +2,8 @@
 # Install and start everything vime needs on a fresh machine (x86_64 Debian, Python 3.11,
 # no GPU). Idempotent: a second run only checks.
 #
-#   bash scripts/setup.sh            # venv + packages + docker.io + dockerd + base image + tiny model
+#   bash scripts/setup.sh            # venv + packages + docker.io + dockerd + base image +
+#                                    # postgresql (installed, not started) + tiny model
 #   VIME_SKIP_DOCKER=1 bash scripts/setup.sh   # Python side only
 #   VIME_PREINSTALLED=1 bash scripts/setup.sh  # use .venv as it is (a machine without PyPI:
 #                                              # scripts/device/wheels.sh venv makes it)
@@ -70,6 +71,16 @@ if [ "${VIME_SKIP_DOCKER:-0}" != 1 ]; then
   "$venv/bin/vime-agent" sandbox build-base
 fi
 
-# 3. The tiny local model (cached; built once, offline, deterministically).
+# 3. PostgreSQL, the shared rollout store's server (rollout.store): installed here, started
+#    by scripts/postgres.sh when a run or a test asks for it. A preinstalled machine has
+#    no package registry: it goes without (the run's own buffer needs no server).
+if [ "${VIME_PREINSTALLED:-0}" != 1 ] && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  say "installing postgresql (apt)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq postgresql >/dev/null
+fi
+
+# 4. The tiny local model (cached; built once, offline, deterministically).
 "$venv/bin/vime-agent" model tiny >/dev/null
 say "ready"

@@ -27,6 +27,7 @@ LAYER = {
     "models": 1,
     "observability": 1,
     "buffer": 1,
+    "store": 1,
     "envs": 1,
     "sandbox": 1,
     "engine": 1,

@@ -54,6 +54,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "draw a step's timeline: vime-agent trace RUN step=N",
     ),
     "page": ("vime.runs.page:main", "write the run's HTML page: vime-agent page RUN"),
+    "rollout": (
+        "vime.rl.rollout_worker:main",
+        "play a run's tasks from its rollout store: vime-agent rollout store=URL run=NAME",
+    ),
     "own-agent": ("vime.agents.own_agent_cli:main", "run your agent: policy=URL tasks=F -- CMD"),
 }
 

@@ -210,6 +210,20 @@ RULES: tuple[Needs, ...] = (
         "leave it unset with agent.command",
     ),
     Needs(
+        ("rollout.store_lease_s",),
+        "rollout.store",
+        lambda c: bool(c.rollout.store),
+        "(no rollout workers lease tasks: this process plays them)",
+        "set rollout.store to a PostgreSQL URL, or leave it unset",
+    ),
+    Needs(
+        ("rollout.orchestrator",),
+        "rollout.store",
+        lambda c: not c.rollout.store,
+        "(each step takes the groups the store's workers wrote instead)",
+        "set one of rollout.store (rollout workers) and rollout.orchestrator",
+    ),
+    Needs(
         ("rollout.collector.sampling.seed",),
         "rollout.collector.seed",
         lambda c: c.rollout.collector.seed is None,

@@ -186,6 +186,15 @@ class RolloutConfig:
     # docs/extend.md); "" = the built-in one of mode. With mode=async it may play while
     # the trainer trains.
     orchestrator: str = ""
+    # Where the groups come from: "" = this process plays them (the run's own buffer);
+    # a PostgreSQL URL (bash scripts/postgres.sh start prints one) = rollout workers
+    # (vime-agent rollout store=URL run=RUN_NAME) lease the tasks the trainer publishes
+    # and write their groups there; the trainer claims each step's (vime.store.postgres,
+    # docs/scaling.md).
+    store: str = ""
+    # (rollout.store) a worker's lease on a task, renewed while it plays; a worker killed
+    # mid-episode loses its tasks to another worker this long after its last renewal.
+    store_lease_s: float = 60.0
     # 'module:function' or 'file.py:function': sample_filter(episode) -> bool, False leaves
     # the episode out of training (vime.rl.filters, docs/extend.md); "" = none.
     sample_filter: str = ""
@@ -214,6 +223,7 @@ class RolloutConfig:
         )
         require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0 seconds")
         require(self.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
+        require(self.store_lease_s > 0, "rollout.store_lease_s", "must be > 0 seconds")
 
 
 @dataclass

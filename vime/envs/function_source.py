@@ -33,7 +33,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -132,9 +131,7 @@ class FunctionTaskSource(TaskSource):
         self.required = tuple(required)
         self.taken = 0  # tasks drawn from the function (a lent task played again: not counted)
         self.last_id: str | None = None  # the id of the latest of them: checked on resume
-        self.lent: list[Task] = []
-        self._again: list[Task] = []
-        self._lock = threading.RLock()
+        self._init_lending()
         self._open = open_
         self._source, self._iter = self._start()
         self._stateful = _stateful(self._source, name)
@@ -185,7 +182,7 @@ class FunctionTaskSource(TaskSource):
                 "function": self.name,
                 "taken": self.taken,
                 "last_id": self.last_id,
-                "lent": copy.deepcopy(self.lent + self._again),
+                **self._lending_state(),
             }
             if self._stateful:
                 state["state"] = copy.deepcopy(self._source.state_dict())
@@ -215,7 +212,7 @@ class FunctionTaskSource(TaskSource):
                     self.taken = 0
                 self._skip(taken - self.taken, state.get("last_id"))
             self.taken, self.last_id = taken, state.get("last_id")
-            self.lent, self._again = [], copy.deepcopy(list(state.get("lent", [])))
+            self._load_lending(state)
 
     def _start(self) -> tuple[Any, Iterator[Any]]:
         """Call the function; its result and an iterator over it."""

@@ -317,8 +317,14 @@ class TaskSource:
         self.epoch = 0
         self.index = 0
         self._order = self._permutation(0)
+        self._init_lending()
+
+    def _init_lending(self) -> None:
         self.lent: list[Task] = []  # handed out by lend(), not settled yet
+        self.lent_draws: list[int] = []  # each lent task's draw number (see lend_numbered)
+        self.drawn = 0  # fresh tasks lent so far: the latest one's draw number
         self._again: list[Task] = []  # lent when a checkpoint was saved: served first
+        self._again_draws: list[int] = []
         # lend() runs on the rollout thread while the trainer's thread settles and saves.
         self._lock = threading.RLock()
 
@@ -379,8 +385,8 @@ class TaskSource:
         """
         return self._up_to(n, self.next)
 
-    def _up_to(self, n: int, draw: Callable[[], Task]) -> list[Task]:
-        out = []
+    def _up_to(self, n: int, draw: Callable[[], T]) -> list[T]:
+        out: list[T] = []
         for _ in range(n):
             try:
                 out.append(draw())
@@ -407,9 +413,32 @@ class TaskSource:
             ('a', ['a'])
         """
         with self._lock:
+            return self._lend_one()[1]
+
+    def lend_numbered(self, n: int) -> list[tuple[int, Task]]:
+        """Up to ``n`` tasks lent as by :meth:`lend`, each with its *draw number*: 1, 2, …
+        in the order the run lends fresh tasks. A task lent again after ``resume`` keeps
+        its number, and a resumed run numbers its fresh draws as the first run did, so the
+        number names one play of a task across restarts (the shared rollout store's key).
+
+        Example:
+            >>> src = TaskSource([{"id": "a"}, {"id": "b"}], shuffle=False)
+            >>> [(n, t["id"]) for n, t in src.lend_numbered(3)]
+            [(1, 'a'), (2, 'b'), (3, 'a')]
+        """
+        with self._lock:
+            return self._up_to(n, self._lend_one)
+
+    def _lend_one(self) -> tuple[int, Task]:
+        if self._again:
+            task, draw = self._again.pop(0), self._again_draws.pop(0)
+        else:
             task = self.next()
-            self.lent.append(task)
-            return task
+            self.drawn += 1
+            draw = self.drawn
+        self.lent.append(task)
+        self.lent_draws.append(draw)
+        return draw, task
 
     def lend_many(self, n: int) -> list[Task]:
         """Up to ``n`` tasks, each lent as by :meth:`lend` (fewer only when the last epoch
@@ -420,8 +449,7 @@ class TaskSource:
             >>> [t["id"] for t in src.lend_many(3)], len(src.lent)
             (['a', 'b', 'a'], 3)
         """
-        with self._lock:
-            return self._up_to(n, self.lend)
+        return [task for _, task in self.lend_numbered(n)]
 
     def settle(self, task_ids: Sequence[str], *, max_draws: int = 0) -> None:
         """A step trained on these tasks (one id per group): they are no longer lent.
@@ -451,6 +479,24 @@ class TaskSource:
                     draws += 1
                 at = next(i for i, t in enumerate(self.lent) if str(t["id"]) == task_id)
                 self.lent.pop(at)
+                self.lent_draws.pop(at)
+
+    def _lending_state(self) -> dict[str, Any]:
+        """The lent tasks (with their draw numbers) and the draw count, for a checkpoint."""
+        return {
+            "lent": copy.deepcopy(self.lent + self._again),
+            "lent_draws": self.lent_draws + self._again_draws,
+            "drawn": self.drawn,
+        }
+
+    def _load_lending(self, state: dict[str, Any]) -> None:
+        """Lent tasks of a checkpoint come first (with their numbers; a checkpoint from
+        before draw numbers gets negative ones, which no fresh draw takes)."""
+        again = copy.deepcopy(list(state.get("lent", [])))
+        draws = list(state.get("lent_draws", [-(i + 1) for i in range(len(again))]))
+        self.lent, self.lent_draws = [], []
+        self._again, self._again_draws = again, draws
+        self.drawn = int(state.get("drawn", 0))
 
     def state_dict(self) -> dict[str, Any]:
         """The position, to save with a checkpoint (with the lent tasks, see the class).
@@ -467,7 +513,7 @@ class TaskSource:
                 "index": self.index,
                 "num_tasks": len(self.tasks),
                 "fingerprint": self.fingerprint(),
-                "lent": copy.deepcopy(self.lent + self._again),
+                **self._lending_state(),
             }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -490,7 +536,8 @@ class TaskSource:
         self.epoch = int(state["epoch"])
         self.index = int(state["index"])
         self._order = self._permutation(self.epoch)
-        self.lent, self._again = [], copy.deepcopy(list(state.get("lent", [])))
+        with self._lock:
+            self._load_lending(state)
 
     def fingerprint(self) -> str:
         """A short hash of the task ids in load order (detects a changed task file)."""

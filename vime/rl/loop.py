@@ -37,9 +37,7 @@ from omegaconf import OmegaConf
 from vime import gc_freeze
 from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
-from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
-from vime.agents.rewards import Rewards
 from vime.buffer import DataBuffer
 from vime.conf.compose import describe, load_config
 from vime.conf.overrides import split_config_dir
@@ -64,9 +62,9 @@ from vime.placement.trainer_process import (
 from vime.rl.advantages import make_samples, needs_reference
 from vime.rl.console import StepConsole, quiet_library_warnings
 from vime.rl.eval_step import eval_generate, evaluate
-from vime.rl.filters import load_filters
-from vime.rl.orchestrator import OrchestratorFactory, load_orchestrator
+from vime.rl.players import Players, load_players
 from vime.rl.rollouts import STOP, Rollouts
+from vime.rl.store_orchestrator import store_factory
 from vime.rl.tasks import check_task_source, eval_tasks, train_source
 from vime.rl.warm_start import tiny_model_warning, warm_start
 from vime.runs.folder import (
@@ -107,7 +105,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         2
     """
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
-    plays = _sample_players(cfg)  # a wrong extension point fails before engines start
+    plays = load_players(cfg)  # a wrong extension point fails before engines start
     own_process = trainer_in_own_process(
         cfg.placement.trainer_process,
         mode=cfg.rollout.mode,
@@ -182,30 +180,9 @@ def train(cfg: TrainConfig) -> TrainResult:
 # ---------------------------------------------------------------- setup helpers
 
 
-@dataclass
-class _Players:
-    """What plays and scores each sample (the run's extension points, docs/extend.md)."""
-
-    generate: GenerateFn | None  # None: the env loop
-    rewards: Rewards
-    orchestrator: OrchestratorFactory | None  # None: the built-in one of rollout.mode
-
-
-def _sample_players(cfg: TrainConfig) -> _Players:
-    """Load and check the extension points before anything starts: ``agent.command``'s
-    program or ``rollout.generate``'s function, the rewards, the orchestrator, the filters
-    (loaded again, from a cache, where each step selects its groups)."""
-    load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)
-    generate = load_generate(cfg.rollout.generate)
-    if cfg.agent.command:  # the agent program plays every sample (vime.agents.agent_command)
-        generate = AgentCommand(cfg.agent.argv, cfg.agent.endpoint(cfg.rollout.collector))
-    rewards = Rewards.load(cfg.rollout.reward, cfg.rollout.group_reward)
-    return _Players(generate, rewards, load_orchestrator(cfg.rollout.orchestrator))
-
-
 def _rollouts(
     cfg: TrainConfig,
-    plays: _Players,
+    plays: Players,
     policy: PolicyClient,
     model_dir: Path,
     buffer: DataBuffer,
@@ -218,7 +195,13 @@ def _rollouts(
         policy, model_dir, cfg.rollout.collector, generate=plays.generate, rewards=plays.rewards
     )
     cleanup.callback(collector.close)
-    runner = Rollouts(cfg, collector, buffer, tasks, policy, sync, orchestrator=plays.orchestrator)
+    orchestrator = plays.orchestrator
+    if cfg.rollout.store:  # rollout workers play; each step takes what they wrote
+        orchestrator, store = store_factory(
+            cfg, buffer.dir.parent, model_dir, policy.urls, sync.version
+        )
+        cleanup.callback(store.close)
+    runner = Rollouts(cfg, collector, buffer, tasks, policy, sync, orchestrator=orchestrator)
     cleanup.enter_context(runner)
     if isinstance(plays.generate, AgentCommand):  # its endpoint serves on the rollout loop:
         cleanup.callback(plays.generate.close)  # stopped before that loop is

@@ -108,6 +108,13 @@ class OrchestratorContext:
         self.lent_ids.extend(str(t["id"]) for t in tasks)
         return tasks
 
+    def lend_numbered(self, n: int) -> list[tuple[int, dict[str, Any]]]:
+        """As :meth:`lend_many`, each task with its draw number
+        (:meth:`vime.envs.TaskSource.lend_numbered`: stable across a resume)."""
+        numbered = self.tasks.lend_numbered(n)
+        self.lent_ids.extend(str(t["id"]) for _, t in numbered)
+        return numbered
+
     async def play(self, tasks: list[dict[str, Any]]) -> list[Group]:
         """Play ``tasks`` (``collector.n_samples`` each, concurrently), one group per task.
 
