@@ -1,0 +1,93 @@
+"""Rollout workers on another "machine": the trainer, its engine and the store's PostgreSQL
+server in one network namespace, a ``vime-agent rollout`` worker in another, joined by a
+veth pair; ``env=math`` trains 3 steps on what the worker plays (docs/scaling.md, Rollout
+workers and a shared rollout store).
+
+The worker reaches the store and the engine only by node 0's address: the server listens
+there (``VIME_PG_LISTEN``), and the engine too (``engine.host``). Needs root and ``ip``
+(iproute2); skipped where namespaces cannot be made.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests._train import quick_train
+from tests.placement.multinode import ROOT, Nodes, can_make_namespaces
+from vime.buffer import DataBuffer
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+STEPS = 3
+
+
+@pytest.fixture
+def nodes():
+    if not can_make_namespaces():
+        pytest.skip("network namespaces need root and iproute2")
+    with Nodes() as made:
+        yield made
+
+
+def _wait_for_run(run_root: Path, proc, timeout_s: float) -> Path:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        runs = [p for p in run_root.glob("*") if (p / "config.yaml").exists()]
+        if runs:
+            return runs[0]
+        time.sleep(0.2)
+    raise AssertionError("the trainer made no run folder")
+
+
+def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_path):
+    addr = nodes.addrs[0]
+    store_dir = Path(tempfile.mkdtemp(prefix="vime-pg-"))
+    store_dir.chmod(0o755)  # the server runs as the postgres user
+    server_env = {"VIME_RUN_DIR": str(store_dir), "VIME_PG_PORT": "55432", "VIME_PG_LISTEN": addr}
+    script = ["bash", str(ROOT / "scripts" / "postgres.sh")]
+    started = nodes.run(0, [*script, "start"], env=server_env, timeout=120)
+    assert started.returncode == 0, started.stderr
+    url = started.stdout.strip().splitlines()[-1]
+    assert f"@{addr}:" in url  # what the other node is given
+    run_root = tmp_path / "runs"
+    args = quick_train(
+        None,
+        run_root,
+        f"steps={STEPS}",
+        f"rollout.store={url}",
+        f"engine.host={addr}",
+        "rollout.collector.sampling.max_tokens=16",
+        batch=4,
+        samples=2,
+    )
+    python = [sys.executable, "-m", "vime.cli"]
+    trainer = nodes.spawn(0, [*python, "train", *args], tmp_path / "train.log")
+    worker = None
+    try:
+        run = _wait_for_run(run_root, trainer, 120)
+        worker = nodes.spawn(
+            1, [*python, "rollout", f"store={url}", f"run={run.name}"], tmp_path / "worker.log"
+        )
+        assert trainer.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-4000:]
+        assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-4000:]
+    finally:
+        for proc in (trainer, worker):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        nodes.run(0, [*script, "stop"], env=server_env)
+        shutil.rmtree(store_dir, ignore_errors=True)
+    buffer = DataBuffer(run, readonly=True)
+    assert buffer.steps() == list(range(1, STEPS + 1))
+    for step in buffer.steps():
+        assert len(buffer.read_step(step)) == 4 * 2
+    worker_log = (tmp_path / "worker.log").read_text()
+    assert f"playing run {run.name}" in worker_log
+    # Every group trained came from the worker: the trainer publishes one step's tasks at a
+    # time in sync mode, so the worker played exactly those.
+    assert f"the run ended; {STEPS * 4} groups written" in worker_log
