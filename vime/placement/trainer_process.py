@@ -48,6 +48,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 def trainer_in_own_process(setting: bool | None, *, mode: str, sync: str, world_size: int) -> bool:
     """Whether this run's trainer gets its own process: ``placement.trainer_process``, or
     when unset (``None``), in ``rollout.mode=async`` with one trainer rank and disk sync.
+    Set to true it takes ``sync=disk`` or ``sync=ipc`` (the child hands its CUDA IPC
+    handles to the colocated engine; ran on an H100 with ``engine=gpu``); ``sync=nccl``
+    from a child has not run on a GPU yet and is refused.
 
     Example:
         >>> trainer_in_own_process(None, mode="async", sync="disk", world_size=1)
@@ -63,10 +66,11 @@ def trainer_in_own_process(setting: bool | None, *, mode: str, sync: str, world_
             "separate trainer process is for one rank; under torchrun set it to false or null",
             key="placement.trainer_process",
         )
-    if setting and sync != "disk":
+    if setting and sync not in ("disk", "ipc"):
         raise ConfigError(
             f"placement.trainer_process=true with sync={sync}: a GPU sync from a trainer in "
-            "its own process has not run on a GPU yet; use sync=disk or trainer_process=false",
+            "its own process has run on a GPU only with sync=ipc; use sync=disk, sync=ipc or "
+            "trainer_process=false",
             key="placement.trainer_process",
         )
     return bool(setting)
