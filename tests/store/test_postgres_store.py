@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.faults._faults import wait_for
 from vime.errors import DataError
 from vime.store.postgres import PgStore, RunSpec
 from vime.types import Episode
@@ -102,16 +104,23 @@ def test_a_wrong_store_url_names_the_key():
         PgStore("redis://x", "r")
 
 
+def _gone(pid: int) -> bool:
+    """Exited, or a zombie (what nothing reaps here is gone for this purpose)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def test_acknowledged_groups_survive_the_server_killed(tmp_path):
     """Its own server (the shared one serves other tests): SIGKILL the postmaster and its
     backends, start it again; the next call reconnects and finds every acknowledged group."""
     folder = Path(tempfile.mkdtemp(prefix="vime-pg-"))
     folder.chmod(0o755)  # the server runs as the postgres user
-    env = {
-        **os.environ,
-        "VIME_RUN_DIR": str(folder),
-        "VIME_PG_PORT": str(56000 + os.getpid() % 900),
-    }
+    with socket.socket() as probe:  # a free port for its own server
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "VIME_RUN_DIR": str(folder), "VIME_PG_PORT": str(port)}
     script = ["bash", str(ROOT / "scripts" / "postgres.sh")]
     url = subprocess.run([*script, "start"], env=env, check=True, capture_output=True, text=True)
     try:
@@ -123,7 +132,7 @@ def test_acknowledged_groups_survive_the_server_killed(tmp_path):
         pid = int((folder / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
         subprocess.run(["pkill", "-KILL", "-P", str(pid)], check=False)
         os.kill(pid, signal.SIGKILL)
-        time.sleep(1.0)
+        wait_for("the killed server gone", lambda: _gone(pid), 30)
         subprocess.run([*script, "start"], env=env, check=True, capture_output=True)
         assert [g.draw for g in store.ready()] == acked  # reconnected; nothing lost
         assert store.open_tasks() == 0

@@ -39,6 +39,7 @@ from vime.errors import ConfigError
 from vime.rl.orchestrator import draw_size
 from vime.rl.players import load_players
 from vime.store.postgres import PgStore, RunSpec
+from vime.types import Episode
 
 log = logging.getLogger("vime.rollout")
 POLL_S = 0.05  # how often the worker looks for tasks, versions and the run's end
@@ -93,10 +94,11 @@ class RolloutWorker:
         self.env_factory = envs.EnvMaker(cfg.env.id, dict(cfg.env.kwargs))
         self.version = -1
         self.written = self.lost = 0  # groups written; groups whose lease was taken over
+        self.played_at: dict[int, float] = {}  # draw → when its last episode ended
 
     async def run(self) -> int:
         """Play until the run ends; the number of groups written."""
-        in_flight: dict[int, asyncio.Task[None]] = {}
+        in_flight: dict[int, asyncio.Task[list[Episode]]] = {}
         renew_at = time.monotonic() + self.lease_s / 3
         try:
             while True:
@@ -116,7 +118,9 @@ class RolloutWorker:
                         self.store.renew, self.name, list(in_flight), lease_s=self.lease_s
                     )
                     renew_at = time.monotonic() + self.lease_s / 3
-                await _settle(in_flight)
+                finished = await _finished(in_flight)
+                if finished:  # all in one transaction: one commit per poll, not per group
+                    await self._write(finished)
         finally:
             self.collector.abort()
             for playing in in_flight.values():
@@ -134,23 +138,32 @@ class RolloutWorker:
                 log.info("worker %s: engines at weights v%d", self.name, version)
             self.version = version
 
-    async def _play(self, draw: int, task: dict[str, object]) -> None:
+    async def _play(self, draw: int, task: dict[str, object]) -> list[Episode]:
         (episodes,) = await self.collector.collect_groups([task], self.env_factory)
-        if await asyncio.to_thread(self.store.complete, self.name, draw, episodes):
-            self.written += 1
-        else:
-            self.lost += 1
-            log.warning("worker %s: task %s was taken over (lease expired)", self.name, draw)
+        self.played_at[draw] = time.monotonic()  # system-wide: comparable across processes
+        return episodes
+
+    async def _write(self, finished: list[tuple[int, list[Episode]]]) -> None:
+        """Write finished groups where this worker still holds their tasks."""
+        written = await asyncio.to_thread(self.store.complete_many, self.name, finished)
+        for (draw, _), ok in zip(finished, written, strict=True):
+            if ok:
+                self.written += 1
+            else:
+                self.lost += 1
+                log.warning("worker %s: task %s was taken over (lease expired)", self.name, draw)
 
 
-async def _settle(in_flight: dict[int, asyncio.Task[None]]) -> None:
-    """Wait a poll for groups to finish; drop the finished, raise what one raised."""
+async def _finished(
+    in_flight: dict[int, asyncio.Task[list[Episode]]],
+) -> list[tuple[int, list[Episode]]]:
+    """Wait a poll for groups to finish; take the finished ones out (raising what one
+    raised), with their episodes."""
     if not in_flight:
         await asyncio.sleep(POLL_S)
-        return
+        return []
     done, _ = await asyncio.wait(in_flight.values(), timeout=POLL_S)
-    for draw in [d for d, t in in_flight.items() if t in done]:
-        in_flight.pop(draw).result()
+    return [(d, in_flight.pop(d).result()) for d in [d for d, t in in_flight.items() if t in done]]
 
 
 def _run_config(spec: RunSpec) -> TrainConfig:

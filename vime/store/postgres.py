@@ -307,33 +307,35 @@ class PgStore:
         """Write the group of ``draw`` and mark its task done, in one transaction, if
         ``owner`` still holds the task (False: another worker took it over; nothing is
         written)."""
-        versions = [ep.min_weight_version for ep in episodes] or [0]
-        top = [max(ep.weight_versions, default=-1) for ep in episodes] or [0]
-        payload = json.dumps([ep.to_dict() for ep in episodes])
-        task_id = episodes[0].task_id if episodes else ""
+        return self.complete_many(owner, [(draw, episodes)]) == [True]
 
-        def write(cur: Any) -> bool:
+    def complete_many(self, owner: str, groups: Sequence[tuple[int, list[Episode]]]) -> list[bool]:
+        """:meth:`complete` for several groups in one transaction (one commit, one WAL
+        fsync): each is written only where ``owner`` still holds its task."""
+        rows = [_group_row(draw, episodes) for draw, episodes in groups]
+
+        def write(cur: Any) -> list[bool]:
             with cur.connection.transaction():
-                done = cur.execute(
-                    "UPDATE vime_tasks SET done = true WHERE run = %s AND draw = %s "
-                    "AND owner = %s AND NOT done",
-                    (self.run, draw, owner),
-                ).rowcount
-                if done:
-                    cur.execute(
-                        "INSERT INTO vime_groups (run, draw, task_id, producer, min_version, "
-                        "max_version, episodes) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-                        (self.run, draw, task_id, owner, min(versions), max(top), payload),
-                    )
-                    return True
-            # A retry of a write whose commit's answer was lost finds its own group.
-            row = cur.execute(
-                "SELECT producer FROM vime_groups WHERE run = %s AND draw = %s",
-                (self.run, draw),
-            ).fetchone()
-            return row is not None and row[0] == owner
+                held = cur.execute(
+                    "UPDATE vime_tasks SET done = true WHERE run = %s AND draw = ANY(%s) "
+                    "AND owner = %s AND NOT done RETURNING draw",
+                    (self.run, [draw for draw, _ in groups], owner),
+                ).fetchall()
+                mine = {int(d) for (d,) in held}
+                cur.executemany(
+                    "INSERT INTO vime_groups (run, draw, task_id, producer, min_version, "
+                    "max_version, episodes) VALUES (%s, %s, %s, %s, %s, %s, %s)",
+                    [(self.run, row[0], row[1], owner, *row[2:]) for row in rows if row[0] in mine],
+                )
+            # A retry of a write whose commit's answer was lost finds its own groups.
+            found = cur.execute(
+                "SELECT draw FROM vime_groups WHERE run = %s AND draw = ANY(%s) AND producer = %s",
+                (self.run, [draw for draw, _ in groups], owner),
+            ).fetchall()
+            ours = mine | {int(d) for (d,) in found}
+            return [draw in ours for draw, _ in groups]
 
-        return bool(self._call(write))
+        return self._call(write)
 
     # ------------------------------------------------------------------ plumbing
 
@@ -359,6 +361,14 @@ class PgStore:
                         ) from err
                     log.warning("rollout store: %s; reconnecting", str(err).strip()[:200])
                     time.sleep(0.5)
+
+
+def _group_row(draw: int, episodes: list[Episode]) -> tuple[int, str, int, int, str]:
+    """(draw, task id, oldest and newest weight version, episodes as JSON) of a group."""
+    low = min((ep.min_weight_version for ep in episodes), default=0)
+    high = max((v for ep in episodes for v in ep.weight_versions), default=0)
+    task_id = episodes[0].task_id if episodes else ""
+    return draw, task_id, low, high, json.dumps([ep.to_dict() for ep in episodes])
 
 
 def _group(row: tuple[Any, ...]) -> StoredGroup:
