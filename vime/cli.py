@@ -58,6 +58,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "vime.rl.rollout_worker:main",
         "play a run's tasks from its rollout store: vime-agent rollout store=URL run=NAME",
     ),
+    "store-watch": (
+        "vime.store.watch:main",
+        "follow a run's trained steps in its rollout store: vime-agent store-watch store=URL run=NAME",
+    ),
     "own-agent": ("vime.agents.own_agent_cli:main", "run your agent: policy=URL tasks=F -- CMD"),
 }
 

@@ -1,7 +1,8 @@
 """Rollout workers on another "machine": the trainer, its engine and the store's PostgreSQL
 server in one network namespace, a ``vime-agent rollout`` worker in another, joined by a
 veth pair; ``env=math`` trains 3 steps on what the worker plays (docs/scaling.md, Rollout
-workers and a shared rollout store).
+workers and a shared rollout store). A ``vime-agent store-watch`` on the worker's node
+follows the trained steps as a second consumer.
 
 The worker reaches the store and the engine only by node 0's address: the server listens
 there (``VIME_PG_LISTEN``), and the engine too (``engine.host``). Needs root and ``ip``
@@ -68,16 +69,21 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
     )
     python = [sys.executable, "-m", "vime.cli"]
     trainer = nodes.spawn(0, [*python, "train", *args], tmp_path / "train.log")
-    worker = None
+    worker = watcher = None
     try:
         run = _wait_for_run(run_root, trainer, 120)
         worker = nodes.spawn(
             1, [*python, "rollout", f"store={url}", f"run={run.name}"], tmp_path / "worker.log"
         )
+        # A second consumer on the worker's node: it follows the trained steps, takes nothing.
+        watcher = nodes.spawn(
+            1, [*python, "store-watch", f"store={url}", f"run={run.name}"], tmp_path / "watch.log"
+        )
         assert trainer.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-4000:]
         assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-4000:]
+        assert watcher.wait(timeout=60) == 0, (tmp_path / "watch.log").read_text()[-4000:]
     finally:
-        for proc in (trainer, worker):
+        for proc in (trainer, worker, watcher):
             if proc is not None and proc.poll() is None:
                 proc.kill()
         nodes.run(0, [*script, "stop"], env=server_env)
@@ -91,3 +97,6 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
     # Every group trained came from the worker: the trainer publishes one step's tasks at a
     # time in sync mode, so the worker played exactly those.
     assert f"the run ended; {STEPS * 4} groups written" in worker_log
+    watched = [w for w in (tmp_path / "watch.log").read_text().splitlines() if w.startswith("step")]
+    assert [w.split(":")[0] for w in watched] == [f"step {s}" for s in range(1, STEPS + 1)]
+    assert all(": 4 groups (" in w for w in watched), watched

@@ -235,6 +235,17 @@ class PgStore:
         )
         return [_group(row) for row in rows]
 
+    def steps(self) -> list[int]:
+        """The steps that claimed groups so far (what a watcher follows)."""
+        rows = self._call(
+            lambda cur: cur.execute(
+                "SELECT DISTINCT step FROM vime_groups WHERE run = %s AND step IS NOT NULL "
+                "ORDER BY step",
+                (self.run,),
+            ).fetchall()
+        )
+        return [int(step) for (step,) in rows]
+
     def release(self, draws: Sequence[int]) -> None:
         """Unclaim groups (a resumed trainer whose claim holds tasks it did not lend)."""
         self._call(
