@@ -14,4 +14,12 @@ if [ "${VIME_SKIP_DOCKER:-0}" != 1 ]; then
   DOCKER_HOST=$(bash scripts/dockerd.sh start)
   export DOCKER_HOST
 fi
+# A rollout store on this machine (rollout.store=postgresql://…@127.0.0.1:…): the project's
+# own PostgreSQL server, started only when asked (docs/scaling.md).
+for arg in "$@"; do
+  case "$arg" in
+    rollout.store=postgresql://*@127.0.0.1:* | rollout.store=postgresql://*@localhost:*)
+      bash scripts/postgres.sh start >/dev/null ;;
+  esac
+done
 exec .venv/bin/vime-agent train "$@"

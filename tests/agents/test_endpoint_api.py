@@ -18,8 +18,8 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
-from test_own_agent import TASKS, with_endpoint
 
+from tests.agents._endpoint import TASKS, with_endpoint
 from vime.agents import PolicyClient
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
 from vime.types import Episode, EpisodeStatus
