@@ -34,6 +34,12 @@ from vime.rl.tasks import train_source
             "model.warm_start_steps",
         ),
         (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
+        (["rollout.store_lease_s=5"], "rollout.store_lease_s", "rollout.store"),
+        (
+            ["rollout.store=postgresql://h/vime", "rollout.orchestrator=mine.py:f"],
+            "rollout.orchestrator",
+            "rollout.store",
+        ),
     ],
 )
 def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
@@ -101,3 +107,12 @@ def test_eval_tasks_from_the_training_file_are_held_out(tmp_path):
     with pytest.raises(ConfigError, match=r"leaves none of its 10 to train on") as err:
         train_source(cfg)
     assert err.value.key == "env.eval_size"
+
+
+def test_a_decaying_lr_needs_its_decay_steps():
+    with pytest.raises(
+        ConfigError, match=r"trainer.lr_decay_steps.*must be > trainer.warmup_steps=2"
+    ):
+        load_config(["trainer.lr_decay_style=linear", "trainer.warmup_steps=2"])
+    cfg = load_config(["trainer.lr_decay_style=linear", "trainer.lr_decay_steps=40"])
+    assert cfg.trainer.lr_decay_steps == 40

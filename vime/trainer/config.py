@@ -86,6 +86,13 @@ class TrainerConfig:
         require_choice(
             self.lr_decay_style, "trainer.lr_decay_style", ["constant", "linear", "cosine"]
         )
+        require(
+            self.lr_decay_style == "constant" or self.lr_decay_steps > self.warmup_steps,
+            "trainer.lr_decay_steps",
+            f"must be > trainer.warmup_steps={self.warmup_steps} with trainer.lr_decay_style="
+            f"{self.lr_decay_style}: the steps over which the lr decays to min_lr (the run's "
+            f"steps, say); {self.lr_decay_steps} would decay it within one step",
+        )
         require(self.weight_decay >= 0, "trainer.weight_decay", "must be >= 0")
         require(self.grad_clip >= 0, "trainer.grad_clip", "must be >= 0 (0 disables clipping)")
         require(self.micro_batch_tokens > 0, "trainer.micro_batch_tokens", "must be > 0")
