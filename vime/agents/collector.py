@@ -216,6 +216,26 @@ class Collector:
             groups[k].append(ep)
         return [sorted(g, key=lambda ep: ep.sample_index) for g in groups]
 
+    async def iter_groups(
+        self, tasks: list[dict[str, Any]], env: str | EnvFactory
+    ) -> AsyncGenerator[tuple[int, list[Episode]], None]:
+        """Like :meth:`collect_groups`, but each task's group as soon as its last episode
+        ends: (task index, group by sample index). A group that :meth:`abort` cut short
+        comes at the end, with the episodes it has.
+
+        Example (skipped as a doctest: it samples from a running vLLM server):
+            >>> async for k, group in collector.iter_groups(tasks, env):  # doctest: +SKIP
+            ...     write(tasks[k], group)
+        """
+        groups: list[list[Episode]] = [[] for _ in tasks]
+        async for k, ep in self._iterate(tasks, env):
+            groups[k].append(ep)
+            if len(groups[k]) == self.config.n_samples:
+                yield k, sorted(groups[k], key=lambda ep: ep.sample_index)
+        for k, group in enumerate(groups):
+            if len(group) != self.config.n_samples:
+                yield k, sorted(group, key=lambda ep: ep.sample_index)
+
     async def rerun(
         self, episodes: list[Episode], tasks: list[dict[str, Any]], env: str | EnvFactory
     ) -> list[Episode]:

@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import vime.envs as envs
 from vime.agents.collector import Collector
@@ -95,10 +96,12 @@ class RolloutWorker:
         self.version = -1
         self.written = self.lost = 0  # groups written; groups whose lease was taken over
         self.played_at: dict[int, float] = {}  # draw → when its last episode ended
+        self.in_flight: set[int] = set()  # draws leased here and not written yet
+        self.finished: list[tuple[int, list[Episode]]] = []  # played, to be written
 
     async def run(self) -> int:
         """Play until the run ends; the number of groups written."""
-        in_flight: dict[int, asyncio.Task[list[Episode]]] = {}
+        batches: set[asyncio.Task[None]] = set()  # one per lease: its tasks played together
         renew_at = time.monotonic() + self.lease_s / 3
         try:
             while True:
@@ -106,26 +109,27 @@ class RolloutWorker:
                 if spec is None or spec.finished:
                     break
                 self._follow(spec.version)
-                free = self.concurrency - len(in_flight)
+                free = self.concurrency - len(self.in_flight)
                 if free > 0:
                     leased = await asyncio.to_thread(
                         self.store.lease, self.name, free, lease_s=self.lease_s
                     )
-                    for draw, item in leased:
-                        in_flight[draw] = asyncio.create_task(self._play(draw, item))
-                if in_flight and time.monotonic() > renew_at:
+                    if leased:
+                        self.in_flight.update(draw for draw, _ in leased)
+                        batches.add(asyncio.create_task(self._play(leased)))
+                if self.in_flight and time.monotonic() > renew_at:
                     await asyncio.to_thread(
-                        self.store.renew, self.name, list(in_flight), lease_s=self.lease_s
+                        self.store.renew, self.name, list(self.in_flight), lease_s=self.lease_s
                     )
                     renew_at = time.monotonic() + self.lease_s / 3
-                finished = await _finished(in_flight)
-                if finished:  # all in one transaction: one commit per poll, not per group
-                    await self._write(finished)
+                await _wait(batches)
+                if self.finished:  # all in one transaction: one commit per poll, not per group
+                    await self._write()
         finally:
             self.collector.abort()
-            for playing in in_flight.values():
-                playing.cancel()
-            await asyncio.gather(*in_flight.values(), return_exceptions=True)
+            for batch in batches:
+                batch.cancel()
+            await asyncio.gather(*batches, return_exceptions=True)
             await self.policy.aclose()
         return self.written
 
@@ -138,15 +142,24 @@ class RolloutWorker:
                 log.info("worker %s: engines at weights v%d", self.name, version)
             self.version = version
 
-    async def _play(self, draw: int, task: dict[str, object]) -> list[Episode]:
-        (episodes,) = await self.collector.collect_groups([task], self.env_factory)
-        self.played_at[draw] = time.monotonic()  # system-wide: comparable across processes
-        return episodes
+    async def _play(self, leased: list[tuple[int, dict[str, Any]]]) -> None:
+        """Play a lease's tasks; each group waits in ``finished`` from its last episode on.
+        A group cut short (the worker stopping) is not written: its lease expires."""
+        tasks = [task for _, task in leased]
+        async for k, episodes in self.collector.iter_groups(tasks, self.env_factory):
+            draw = leased[k][0]
+            if len(episodes) == self.cfg.rollout.collector.n_samples:
+                self.played_at[draw] = time.monotonic()  # system-wide: across processes
+                self.finished.append((draw, episodes))
+            else:
+                self.in_flight.discard(draw)
 
-    async def _write(self, finished: list[tuple[int, list[Episode]]]) -> None:
-        """Write finished groups where this worker still holds their tasks."""
+    async def _write(self) -> None:
+        """Write the finished groups where this worker still holds their tasks."""
+        finished, self.finished = self.finished, []
         written = await asyncio.to_thread(self.store.complete_many, self.name, finished)
         for (draw, _), ok in zip(finished, written, strict=True):
+            self.in_flight.discard(draw)
             if ok:
                 self.written += 1
             else:
@@ -154,16 +167,15 @@ class RolloutWorker:
                 log.warning("worker %s: task %s was taken over (lease expired)", self.name, draw)
 
 
-async def _finished(
-    in_flight: dict[int, asyncio.Task[list[Episode]]],
-) -> list[tuple[int, list[Episode]]]:
-    """Wait a poll for groups to finish; take the finished ones out (raising what one
-    raised), with their episodes."""
-    if not in_flight:
+async def _wait(batches: set[asyncio.Task[None]]) -> None:
+    """Wait a poll; drop the batches that ended (raising what one raised)."""
+    if not batches:
         await asyncio.sleep(POLL_S)
-        return []
-    done, _ = await asyncio.wait(in_flight.values(), timeout=POLL_S)
-    return [(d, in_flight.pop(d).result()) for d in [d for d, t in in_flight.items() if t in done]]
+        return
+    done, _ = await asyncio.wait(batches, timeout=POLL_S)
+    for batch in done:
+        batches.discard(batch)
+        batch.result()
 
 
 def _run_config(spec: RunSpec) -> TrainConfig:
