@@ -197,9 +197,7 @@ def _rollouts(
     cleanup.callback(collector.close)
     orchestrator = plays.orchestrator
     if cfg.rollout.store:  # rollout workers play; each step takes what they wrote
-        orchestrator, store = store_factory(
-            cfg, buffer.dir.parent, model_dir, policy.urls, sync.version
-        )
+        orchestrator, store = store_factory(cfg, buffer.dir.parent, model_dir, policy.urls, sync)
         cleanup.callback(store.close)
     runner = Rollouts(cfg, collector, buffer, tasks, policy, sync, orchestrator=orchestrator)
     cleanup.enter_context(runner)

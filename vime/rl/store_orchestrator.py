@@ -47,6 +47,7 @@ from vime.rl.orchestrator import (
     draw_size,
 )
 from vime.store.postgres import PgStore, RunSpec, StoredGroup
+from vime.sync.base import VersionListener, WeightSync
 
 log = logging.getLogger("vime.train")
 POLL_S = 0.05  # how often a waiting step looks for new groups
@@ -159,15 +160,47 @@ class StoreOrchestrator(Orchestrator):
         return Group(g.draw, task, g.episodes, version=g.min_version)
 
 
+class StoreVersions:
+    """A :class:`~vime.sync.base.VersionListener` in front of the policy client's: it also
+    publishes a version to the store once every engine serves it, so that workers stamp
+    the new version, and continue requests a sync aborted, as soon as the sync ends.
+
+    Example:
+        >>> class Seen:
+        ...     def set_version(self, v): print("store at", v)
+        ...     def set_weight_version(self, url, v): pass
+        >>> versions = StoreVersions(Seen(), ["http://a:1", "http://b:1"], None)
+        >>> versions.set_weight_version("http://a:1", 1)
+        >>> versions.set_weight_version("http://b:1", 1)
+        store at 1
+    """
+
+    def __init__(self, store: Any, urls: list[str], inner: VersionListener | None) -> None:
+        self.store, self.urls, self.inner = store, list(urls), inner
+        self.served: dict[str, int] = {}
+        self.published = -1
+
+    def set_weight_version(self, url: str, version: int) -> None:
+        if self.inner is not None:
+            self.inner.set_weight_version(url, version)
+        self.served[url] = version
+        every = min(self.served.get(u, -1) for u in self.urls)
+        if every > self.published:
+            self.store.set_version(every)
+            self.published = every
+
+
 def store_factory(
-    cfg: TrainConfig, run_root: Path, model_dir: Path, engines: list[str], version: int
+    cfg: TrainConfig, run_root: Path, model_dir: Path, engines: list[str], sync: WeightSync
 ) -> tuple[OrchestratorFactory, PgStore]:
     """(The loop.) Open this run's namespace in ``rollout.store`` (named after the run
-    folder), tell the workers how to play its tasks, and the factory of its orchestrator.
+    folder), tell the workers how to play its tasks and, from now on, each weight version
+    once the engines serve it; and the factory of its orchestrator.
     """
     store = PgStore(cfg.rollout.store, run_root.name)
-    spec = RunSpec((run_root / "config.yaml").read_text(), str(model_dir), engines, version)
+    spec = RunSpec((run_root / "config.yaml").read_text(), str(model_dir), engines, sync.version)
     store.register(spec)
+    sync.policy = StoreVersions(store, engines, sync.policy)
     log.info(
         "rollout.store: workers play this run's tasks with: vime-agent rollout store=%s run=%s",
         cfg.rollout.store,

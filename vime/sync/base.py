@@ -52,6 +52,7 @@ class WeightSync(Protocol):
     :class:`vime.sync.gpu.GpuWeightSync`)."""
 
     version: int  # the version every engine serves after the last sync
+    policy: VersionListener | None  # told each engine's version once it serves it
 
     def sync(self, version: int) -> dict[str, float]: ...
 
