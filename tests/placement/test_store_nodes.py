@@ -2,7 +2,8 @@
 server in one network namespace, a ``vime-agent rollout`` worker in another, joined by a
 veth pair; ``env=math`` trains 3 steps on what the worker plays (docs/scaling.md, Rollout
 workers and a shared rollout store). A ``vime-agent store-watch`` on the worker's node
-follows the trained steps as a second consumer.
+follows the trained steps as a second consumer. The server is SIGKILLed after step 1 and
+started again: every process reconnects and the run completes with every group.
 
 The worker reaches the store and the engine only by node 0's address: the server listens
 there (``VIME_PG_LISTEN``), and the engine too (``engine.host``). Needs root and ``ip``
@@ -20,7 +21,9 @@ from pathlib import Path
 import pytest
 
 from tests._train import quick_train
+from tests.faults._faults import rows, wait_for
 from tests.placement.multinode import ROOT, Nodes, can_make_namespaces
+from tests.store._server import kill_server
 from vime.buffer import DataBuffer
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -63,6 +66,7 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
         f"steps={STEPS}",
         f"rollout.store={url}",
         f"engine.host={addr}",
+        "rollout.store_lease_s=5",  # a lease whose answer the crash lost expires soon
         "rollout.collector.sampling.max_tokens=16",
         batch=4,
         samples=2,
@@ -79,6 +83,12 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
         watcher = nodes.spawn(
             1, [*python, "store-watch", f"store={url}", f"run={run.name}"], tmp_path / "watch.log"
         )
+        # The store's server crashes once step 1 is trained and comes back: the trainer,
+        # the worker and the watcher reconnect; nothing acknowledged is lost.
+        wait_for("step 1's metrics", lambda: len(rows(run)) >= 1, 300)
+        kill_server(store_dir)
+        restarted = nodes.run(0, [*script, "start"], env=server_env, timeout=120)
+        assert restarted.returncode == 0, restarted.stderr
         assert trainer.wait(timeout=600) == 0, (tmp_path / "train.log").read_text()[-4000:]
         assert worker.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-4000:]
         assert watcher.wait(timeout=60) == 0, (tmp_path / "watch.log").read_text()[-4000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults._faults import wait_for
+from tests.store._server import kill_server
 from vime.errors import DataError
 from vime.store.postgres import PgStore, RunSpec
 from vime.types import Episode
@@ -104,14 +103,6 @@ def test_a_wrong_store_url_names_the_key():
         PgStore("redis://x", "r")
 
 
-def _gone(pid: int) -> bool:
-    """Exited, or a zombie (what nothing reaps here is gone for this purpose)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_acknowledged_groups_survive_the_server_killed(tmp_path):
     """Its own server (the shared one serves other tests): SIGKILL the postmaster and its
     backends, start it again; the next call reconnects and finds every acknowledged group."""
@@ -129,10 +120,7 @@ def test_acknowledged_groups_survive_the_server_killed(tmp_path):
         store.lease("w", 5, lease_s=60)
         acked = [d for d in range(1, 6) if store.complete("w", d, _group(f"t{d}"))]
         assert acked == [1, 2, 3, 4, 5]
-        pid = int((folder / "postgres" / "data" / "postmaster.pid").read_text().split()[0])
-        subprocess.run(["pkill", "-KILL", "-P", str(pid)], check=False)
-        os.kill(pid, signal.SIGKILL)
-        wait_for("the killed server gone", lambda: _gone(pid), 30)
+        kill_server(folder)
         subprocess.run([*script, "start"], env=env, check=True, capture_output=True)
         assert [g.draw for g in store.ready()] == acked  # reconnected; nothing lost
         assert store.open_tasks() == 0

@@ -370,7 +370,7 @@ class PgStore:
                             f"{self.reconnect_s:.0f} s ({err}); start it with "
                             "bash scripts/postgres.sh start"
                         ) from err
-                    log.warning("rollout store: %s; reconnecting", str(err).strip()[:200])
+                    log.warning("rollout store: %s; reconnecting", " ".join(str(err).split())[:200])
                     time.sleep(0.5)
 
 
