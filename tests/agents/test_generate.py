@@ -146,6 +146,41 @@ def test_functions_against_the_engine(vllm_server, tok, tmp_path, monkeypatch):
     assert all(sum(e.loss_mask) > 0 for e in built_in)
 
 
+# Asks the policy once, then checks the arithmetic in a sandbox leased through the context.
+SANDBOXED = """
+import asyncio
+
+async def generate(ctx):
+    chat = ctx.chat([{"role": "user", "content": ctx.task["question"]}])
+    out = await ctx.policy.generate(chat.request)
+    chat.add_sampled(out.token_ids, out.logprobs, out.versions)
+    async with ctx.sandbox() as sb:
+        run = await asyncio.to_thread(sb.exec, "python3 -c 'print(2+3)'", timeout=60)
+        host = sb.host
+    episode = ctx.episode(chat, reward=float(run.stdout.strip() == ctx.task["answer"]))
+    episode.metadata["sandbox_host"] = host
+    return episode
+"""
+
+
+@pytest.mark.engine
+@pytest.mark.docker
+def test_a_function_leases_a_sandbox_through_its_context(
+    vllm_server, tok, docker_host, tmp_path, monkeypatch
+):
+    from vime.sandbox.leases import take_figures
+
+    (tmp_path / "sandboxed.py").write_text(SANDBOXED)
+    monkeypatch.chdir(tmp_path)
+    take_figures()
+    episodes = _collect(vllm_server.url, tok, "sandboxed.py:generate")
+    assert [(e.status, e.reward) for e in episodes] == [(EpisodeStatus.COMPLETED, 1.0)] * 2
+    assert all(e.metadata["sandbox_host"] for e in episodes)
+    assert all(sum(e.loss_mask) > 0 for e in episodes)  # the sampled ids, checked
+    figures = take_figures()  # counted with the envs' leases
+    assert sum(v for k, v in figures.items() if k.startswith("sandbox/leases/")) == 2
+
+
 @pytest.mark.engine
 @pytest.mark.slow
 def test_the_docs_example_trains_three_steps(shared_engine, tmp_path):

@@ -11,6 +11,8 @@ GRPO group), with a :class:`GenerateContext`:
   (:class:`~vime.agents.chat_tokens.ChatTokens`, with the collector's template settings);
 - ``ctx.sampling`` (the run's sampling), ``ctx.budget`` (tokens per episode), ``ctx.make_env()``
   (a fresh env of the run's ``env.id``, for grading), ``ctx.tokenizer``;
+- ``ctx.sandbox(config)``: a Docker sandbox for the sample, leased from the process's
+  warm pool and given back after the ``async with`` block;
 - ``ctx.episode(chat, reward=...)``: the finished Episode, its ids the chat's.
 
 One Episode per call; several training samples of one episode go in it through
@@ -37,10 +39,12 @@ Example (a function that asks once and grades with the env):
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +55,8 @@ from vime.agents.turn_samples import chat_fields, new_chat
 from vime.errors import RolloutError
 from vime.extensions import load_function
 from vime.observability.trace import TRACE
+from vime.sandbox.config import SandboxConfig
+from vime.sandbox.leases import Lease, lease
 from vime.types import Episode, EpisodeStatus, Message, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -138,6 +144,24 @@ class GenerateContext:
     ) -> ChatTokens:
         """A token record opened with ``messages`` (and ``tools``) rendered once."""
         return new_chat(self.tokenizer, messages, self.episode_context.settings, tools, self.env_id)
+
+    @contextlib.asynccontextmanager
+    async def sandbox(self, config: SandboxConfig | None = None) -> AsyncIterator[Lease]:
+        """A Docker sandbox for this sample (``config``: image, limits, network; the
+        defaults without one), leased from the process's warm pool as the built-in envs'
+        are (:func:`vime.sandbox.leases.lease`, counted in the step's ``sandbox/*``
+        figures) and given back, wiped, after the block. Its calls block: run them in a
+        thread.
+
+        Example (skipped as a doctest: it needs a running dockerd):
+            >>> async with ctx.sandbox() as sb:  # doctest: +SKIP
+            ...     out = await asyncio.to_thread(sb.exec, "python3 -c 'print(2+3)'", timeout=10)
+        """
+        leased = await asyncio.to_thread(lease, config or SandboxConfig())
+        try:
+            yield leased
+        finally:
+            await asyncio.to_thread(leased.close)
 
     def episode(
         self,
