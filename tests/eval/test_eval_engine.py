@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import time
 import uuid
@@ -23,6 +24,7 @@ import pytest
 import vime
 from vime.agents import PolicyClient
 from vime.conf.compose import load_config
+from vime.conf.train import AgentConfig
 from vime.envs import Env
 from vime.eval.evaluate import main
 from vime.eval.suites import load_suite
@@ -32,6 +34,7 @@ from vime.types import Action
 
 pytestmark = pytest.mark.engine
 
+ROOT = Path(__file__).resolve().parents[2]
 HELD_OUT_MATH = str(Path(load_suite("math").source).parent / "heldout.jsonl")
 TIMINGS = ("created", "wall_s", "episode_s")
 
@@ -213,3 +216,46 @@ def test_the_rl_loops_eval_writes_the_same_report_and_metrics(
     assert metrics == {f"eval/{k}": v for k, v in report["aggregate"].items()}
     assert metrics["eval/episodes"] == 3 and "eval/pass@1" in metrics and "eval/reward" in metrics
     assert report["step"] == 7 and report["sets"][0]["sampling"]["temperature"] == 0.0
+
+
+MARKS = """
+from vime.agents.generate import play_env
+
+
+async def generate(ctx):
+    episode = await play_env(ctx)
+    episode.metadata["played_by"] = "marks.py"
+    return episode
+
+
+def quarter(task, episode):
+    return 0.25
+"""
+
+
+def test_eval_plays_and_scores_with_the_runs_functions_or_its_agent(
+    vllm_server, tmp_path, monkeypatch
+):
+    from vime.errors import ConfigError
+    from vime.eval.evaluate import EvalCommand, players
+
+    (tmp_path / "marks.py").write_text(MARKS)
+    monkeypatch.chdir(tmp_path)
+    math = {"env": "vime/Math-v0", "tasks": HELD_OUT_MATH, "limit": 2}
+    suite = write_suite(
+        tmp_path / "two.yaml",
+        [{"name": "greedy", **math, "collector": {"n_samples": 1}}],
+        defaults={"collector": {"max_model_len": 512, "sampling": {"max_tokens": 16}}},
+    )
+    args = [f"ckpt={vllm_server.url}", f"suite={suite}"]
+    assert main([*args, "generate=marks.py:generate", "reward=marks.py:quarter", "out=fn"]) == 0
+    played = [json.loads(line) for line in (tmp_path / "fn" / "episodes.jsonl").open()]
+    assert [e["metadata"]["played_by"] for e in played] == ["marks.py"] * 2
+    assert [e["reward"] for e in played] == [0.25, 0.25]
+    agent = f"agent.command={sys.executable} {ROOT / 'examples' / 'own_agent.py'}"
+    assert main([*args, agent, "agent.timeout_s=60", "out=agent"]) == 0
+    report = json.loads((tmp_path / "agent" / "report.json").read_text())
+    assert report["aggregate"]["episodes"] == 2 and report["aggregate"]["error"] == 0.0
+    both = EvalCommand(generate="marks.py:generate", agent=AgentConfig(command="python a.py"))
+    with pytest.raises(ConfigError, match="set one of generate"):
+        players(both, load_suite(str(suite)))

@@ -11,6 +11,11 @@ your YAML file) and writes ``report.json`` (per-task rows and aggregates), ``rep
 - an engine URL ``http://host:port`` (attached, never stopped; the tokenizer is the
   server's model folder, or ``tokenizer=DIR``).
 
+Episodes play and score as in training when asked: ``generate=module:function`` (a
+``rollout.generate`` function), ``agent.command="python my_agent.py"`` (an agent program
+against vime's endpoint; ``agent.timeout_s``, ``agent.max_turns`` as in training), and
+``reward=``/``group_reward=`` (``rollout.reward``/``group_reward`` functions).
+
 Other keys: ``seed=N`` (every set's sampling seed), ``limit=N`` (the first N tasks of
 each set), ``out=DIR`` (default: ``<folder>/eval-<suite>``, ``<run>/eval/<suite>-step_N``,
 or ``eval-<suite>`` here for a URL), ``trace.lock_watch_s=S`` (as in training: every
@@ -48,10 +53,12 @@ from pathlib import Path
 from typing import Any
 
 import vime.envs as envs
+from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
-from vime.agents.generate import GenerateFn
+from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
+from vime.conf.train import AgentConfig
 from vime.config import apply_overrides
 from vime.engine.config import EngineConfig
 from vime.engine.serve import serve_engine
@@ -316,6 +323,10 @@ class EvalCommand:
     tokenizer: str = ""
     trace: EvalTrace = dataclasses.field(default_factory=EvalTrace)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
+    generate: str = ""  # as training's rollout.generate: plays each episode
+    reward: str = ""  # as training's rollout.reward: replaces each episode's reward
+    group_reward: str = ""  # as training's rollout.group_reward
+    agent: AgentConfig = dataclasses.field(default_factory=AgentConfig)  # agent.command=...
 
 
 def parse_command(argv: list[str]) -> EvalCommand:
@@ -329,6 +340,37 @@ def parse_command(argv: list[str]) -> EvalCommand:
                 key=key,
             )
     return cmd
+
+
+def players(cmd: EvalCommand, suite: Suite) -> tuple[GenerateFn | None, Rewards | None]:
+    """What plays and scores the episodes, as in training: ``generate=``'s function or
+    ``agent.command``'s program (None: the env loop), and ``reward=``/``group_reward=``
+    (None: the envs' rewards), loaded and checked before the engine starts.
+
+    Raises:
+        ConfigError: both ``generate`` and ``agent.command``; ``agent.command`` with a
+            suite whose sets sample differently (the agent's endpoint has one sampling).
+
+    Example:
+        >>> players(EvalCommand(generate="vime.agents.generate:play_env"), load_suite("math"))[0].__name__
+        'play_env'
+    """
+    rewards = Rewards.load(cmd.reward, cmd.group_reward) if cmd.reward or cmd.group_reward else None
+    if not cmd.agent.command:
+        return load_generate(cmd.generate), rewards
+    if cmd.generate:
+        raise ConfigError(
+            "generate: set one of generate (a function) and agent.command (an agent program)",
+            key="generate",
+        )
+    first = suite.sets[0].collector
+    if any(s.collector != first for s in suite.sets[1:]):
+        raise ConfigError(
+            f"agent.command: suite {suite.name}'s sets sample differently, and the agent's "
+            "endpoint samples one way; evaluate one set at a time (a suite file per set)",
+            key="agent.command",
+        )
+    return AgentCommand(cmd.agent.argv, cmd.agent.endpoint(first)), rewards
 
 
 def _engine_config(
@@ -386,10 +428,16 @@ def main(argv: list[str]) -> int:
             "created": now(),
         }
 
+        generate, rewards = players(cmd, suite)
+
         async def run() -> tuple[dict[str, Any], list[Episode]]:
             try:
-                return await run_suite(policy, ckpt.tokenizer, suite, meta)
+                return await run_suite(
+                    policy, ckpt.tokenizer, suite, meta, rewards=rewards, generate=generate
+                )
             finally:
+                if isinstance(generate, AgentCommand):  # its endpoint serves on this loop
+                    await generate.aclose()
                 await policy.aclose()
 
         report, episodes = asyncio.run(run())
