@@ -1,7 +1,8 @@
 """Rollout workers on another "machine": the trainer, its engine and the store's PostgreSQL
 server in one network namespace, a ``vime-agent rollout`` worker in another, joined by a
-veth pair; ``env=math`` trains 3 steps on what the worker plays (docs/scaling.md, Rollout
-workers and a shared rollout store). A ``vime-agent store-watch`` on the worker's node
+veth pair; ``env=math`` trains 3 steps on what the worker plays through the run's
+``rollout.generate`` function (docs/scaling.md, Rollout workers and a shared rollout
+store). A ``vime-agent store-watch`` on the worker's node
 follows the trained steps as a second consumer. The server is SIGKILLed after step 1 and
 started again: every process reconnects and the run completes with every group.
 
@@ -29,6 +30,15 @@ from vime.buffer import DataBuffer
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
 STEPS = 3
+MARKED = """
+from vime.agents.generate import play_env
+
+
+async def generate(ctx):
+    episode = await play_env(ctx)
+    episode.metadata["played_by"] = "marked.py"
+    return episode
+"""
 
 
 @pytest.fixture
@@ -59,6 +69,8 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
     assert started.returncode == 0, started.stderr
     url = started.stdout.strip().splitlines()[-1]
     assert f"@{addr}:" in url  # what the other node is given
+    marked = tmp_path / "marked.py"  # the run's generation function: the worker plays it
+    marked.write_text(MARKED)
     run_root = tmp_path / "runs"
     args = quick_train(
         None,
@@ -67,6 +79,7 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
         f"rollout.store={url}",
         f"engine.host={addr}",
         "rollout.store_lease_s=5",  # a lease whose answer the crash lost expires soon
+        f"rollout.generate={marked}:generate",
         "rollout.collector.sampling.max_tokens=16",
         batch=4,
         samples=2,
@@ -101,7 +114,9 @@ def test_a_worker_on_another_node_plays_every_step(nodes, tiny_model_dir, tmp_pa
     buffer = DataBuffer(run, readonly=True)
     assert buffer.steps() == list(range(1, STEPS + 1))
     for step in buffer.steps():
-        assert len(buffer.read_step(step)) == 4 * 2
+        played = buffer.read_step(step)
+        assert len(played) == 4 * 2
+        assert {ep.metadata.get("played_by") for ep in played} == {"marked.py"}
     worker_log = (tmp_path / "worker.log").read_text()
     assert f"playing run {run.name}" in worker_log
     # Every group trained came from the worker: the trainer publishes one step's tasks at a
