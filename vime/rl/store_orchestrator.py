@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.conf.train import TrainConfig
+from vime.errors import DataError
 from vime.rl.orchestrator import (
     Group,
     Orchestrator,
@@ -80,6 +81,8 @@ class StoreOrchestrator(Orchestrator):
             return again
         await self._publish(self.window() - len(self.published))
         chosen = await self._wait_for_batch(version)
+        if self.stopping:  # Ctrl-C: claim nothing; the tasks stay lent and their groups ready
+            return []
         await asyncio.to_thread(self.store.claim, [g.draw for g in chosen], step)
         if step == self.ctx.steps:  # the run's last batch: its workers may stop
             await asyncio.to_thread(self.store.finish)
@@ -117,7 +120,7 @@ class StoreOrchestrator(Orchestrator):
             return
         try:
             numbered = self.ctx.lend_numbered(n)
-        except Exception:  # DataError: the source is exhausted
+        except DataError:  # the source is exhausted
             if self.published:
                 self.exhausted = True
                 return
