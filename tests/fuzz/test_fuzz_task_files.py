@@ -17,7 +17,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from tests.fuzz._fuzz import fuzz, json_values, nasty_text
-from vime.envs.tasks import TaskSource, load_tasks, read_records
+from vime.envs.task_source import TaskSource
+from vime.envs.tasks import load_tasks, read_records
 from vime.errors import DataError
 from vime.suites.math.data import load_math_jsonl
 from vime.suites.swe.env import load_task_file

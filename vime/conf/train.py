@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from vime.agents.collector import CollectorConfig
 from vime.config import require, require_choice
 from vime.engine.config import EngineConfig
-from vime.envs.tasks import TaskSourceConfig
+from vime.envs.task_source import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig

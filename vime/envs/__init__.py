@@ -24,7 +24,8 @@ from vime.envs.registration import (
     registry,
 )
 from vime.envs.spaces import ActionSpace, MessagesSpace, message_problem, messages_problem
-from vime.envs.tasks import TaskSource, TaskSourceConfig, load_tasks
+from vime.envs.task_source import TaskSource, TaskSourceConfig
+from vime.envs.tasks import load_tasks
 from vime.envs.toolkit import Tool, ToolContext, ToolEnv, ToolError, Toolset, tool
 from vime.envs.wrappers import ContractChecker, EpisodeGuard, TurnLimit, wrap
 

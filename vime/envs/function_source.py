@@ -36,7 +36,8 @@ import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from vime.envs.tasks import Task, TaskSource, TaskSourceConfig, task_record
+from vime.envs.task_source import TaskSource, TaskSourceConfig
+from vime.envs.tasks import Task, task_record
 from vime.errors import ConfigError, DataError
 from vime.extensions import load_function
 

@@ -22,7 +22,8 @@ from vime.envs.function_source import (
     no_eval_split,
     source_eval_tasks,
 )
-from vime.envs.tasks import Task, TaskSource, load_tasks
+from vime.envs.task_source import TaskSource
+from vime.envs.tasks import Task, load_tasks
 from vime.errors import ConfigError
 
 # Bundled generators draw evaluation tasks with this offset on the seed: held-out tasks.
