@@ -38,7 +38,8 @@ import time
 from vime.conf.compose import load_config
 from vime.conf.dependencies import RULES
 from vime.engine import EngineConfig, VLLMServer
-from vime.rl.loop import prepare_model, train
+from vime.rl.loop import train
+from vime.rl.setup import prepare_model
 from vime.runs.folder import RunDir
 
 # Keys that act only in async mode (vime.conf.dependencies): a sync run fails on them.

@@ -11,7 +11,7 @@ import pytest
 
 from vime.conf.compose import load_config
 from vime.engine.server import is_vllm_cpu
-from vime.rl.loop import _warn_cpu_reload_limits
+from vime.rl.setup import warn_cpu_reload_limits
 
 pytestmark = pytest.mark.skipif(not is_vllm_cpu(), reason="the warnings are vllm-cpu's")
 
@@ -29,6 +29,6 @@ pytestmark = pytest.mark.skipif(not is_vllm_cpu(), reason="the warnings are vllm
 def test_reload_warnings(tmp_path, caplog, config, warned):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with caplog.at_level(logging.WARNING, logger="vime.train"):
-        _warn_cpu_reload_limits(tmp_path, load_config([]))
+        warn_cpu_reload_limits(tmp_path, load_config([]))
     messages = " ".join(r.getMessage() for r in caplog.records)
     assert (warned in messages) if warned else not messages

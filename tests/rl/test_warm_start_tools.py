@@ -17,7 +17,7 @@ from vime.agents.chat_tokens import ChatTokens
 from vime.agents.tool_parsers import parse_tool_calls
 from vime.conf.compose import load_config
 from vime.errors import DataError
-from vime.rl.loop import prepare_model
+from vime.rl.setup import prepare_model
 from vime.rl.warm_start import demonstration_sample
 from vime.runs.folder import RunDir
 from vime.suites.tools.demonstrations import demonstration

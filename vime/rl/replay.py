@@ -73,7 +73,7 @@ def saved_config(run_dir: Path) -> TrainConfig:
 
 def replay(run_dir: Path, step: int, worst: int = 5) -> ReplayReport:
     """Replay step ``step`` of the run in ``run_dir`` (see the module docstring)."""
-    from vime.rl.loop import prepare_model
+    from vime.rl.setup import prepare_model
     from vime.trainer.reference import ReferenceModel
     from vime.trainer.step import Trainer
 
