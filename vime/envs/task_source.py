@@ -277,6 +277,18 @@ class TaskSource:
                 self.lent.pop(at)
                 self.lent_draws.pop(at)
 
+    @property
+    def outstanding(self) -> int:
+        """Tasks lent and not settled, with those a checkpoint gave back to lend first.
+
+        Example:
+            >>> src = TaskSource([{"id": "a"}, {"id": "b"}])
+            >>> _ = src.lend_many(2); src.outstanding
+            2
+        """
+        with self._lock:
+            return len(self.lent) + len(self._again)
+
     def _lending_state(self) -> dict[str, Any]:
         """The lent tasks (with their draw numbers) and the draw count, for a checkpoint."""
         return {

@@ -253,7 +253,7 @@ class Rollouts:
         did, up to where the step's tasks were drawn (they are no longer lent)."""
         episodes = self.buffer.read_step(step)
         r = self.cfg.rollout
-        reach = len(self.tasks.state_dict()["lent"]) + draw_size(r) * (1 + r.refill_retries)
+        reach = self.tasks.outstanding + draw_size(r) * (1 + r.refill_retries)
         self._settle(episodes, max_draws=reach * (2 + r.max_staleness))
         return episodes
 

@@ -25,6 +25,7 @@ from vime.envs.function_source import (
 from vime.envs.task_source import TaskSource
 from vime.envs.tasks import Task, load_tasks
 from vime.errors import ConfigError
+from vime.rl.orchestrator import draw_size
 
 # Bundled generators draw evaluation tasks with this offset on the seed: held-out tasks.
 EVAL_SEED_OFFSET = 1_000_003
@@ -144,7 +145,7 @@ def train_source(cfg: TrainConfig) -> TaskSource:
             )
         tasks = tasks[held_out:]
     source = TaskSource(tasks, seed=t.seed, shuffle=t.shuffle, epochs=t.epochs, limit=t.limit)
-    per_step = max(1, round(r.batch_size * r.oversample))
+    per_step = draw_size(r)
     if t.epochs is not None and t.epochs * len(source) < cfg.steps * per_step:
         fit = t.epochs * len(source) // per_step
         raise ConfigError(
