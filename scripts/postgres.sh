@@ -25,13 +25,13 @@ answers() { [ -n "$bin" ] && "$bin/pg_isready" -q -h "$host" -p "$port" 2>/dev/n
 
 case "${1:-start}" in
   start)
+    mkdir -p "$run"
     if answers; then echo "$dsn" | tee "$run/dsn"; exit 0; fi
     if [ -z "$bin" ]; then
       echo "postgres.sh: PostgreSQL is not installed; run scripts/setup.sh (it installs" \
         "Debian's postgresql)" >&2
       exit 1
     fi
-    mkdir -p "$run"
     if [ ! -f "$data/PG_VERSION" ]; then
       mkdir -p "$data"
       [ "$(id -u)" = 0 ] && chown postgres "$run" "$data"

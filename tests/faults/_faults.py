@@ -19,6 +19,7 @@ from typing import Any
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
 from vime.envs import TaskSource
+from vime.rl.orchestrator import draw_size
 from vime.rl.tasks import train_tasks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -194,8 +195,11 @@ def _uninterrupted(args: list[str], steps: int) -> tuple[list[list[str]], dict[s
     source = TaskSource(
         train_tasks(cfg.env), seed=cfg.env.tasks.seed, shuffle=cfg.env.tasks.shuffle
     )
-    n = max(1, round(cfg.rollout.batch_size * cfg.rollout.oversample))
-    draws = [[str(t["id"]) for t in source.take(n)] for _ in range(steps)]
+    draws = []
+    for _ in range(steps):  # as the run draws: lent, then settled once the step is buffered
+        ids = [str(t["id"]) for t in source.lend_many(draw_size(cfg.rollout))]
+        source.settle(ids)
+        draws.append(ids)
     return draws, source.state_dict()
 
 
