@@ -1,12 +1,13 @@
 """The shared rollout store under real SIGKILLs: a worker mid-episode, then the trainer
-mid-step, while the other worker goes on producing.
+mid-step, while two other workers go on producing.
 
 One async run (4 steps) on the session's engine takes its groups from the project's
-PostgreSQL server, played by two ``vime-agent rollout`` processes:
+PostgreSQL server, played by ``vime-agent rollout`` processes:
 
-1. worker w1 is SIGKILLed while it holds leased tasks it has not finished (frozen with
-   SIGSTOP until the store shows such a lease, so the kill always lands mid-episode);
-   after ``rollout.store_lease_s`` its tasks go to another worker; w3 starts;
+1. worker w1, playing alone, is SIGKILLed while it holds leased tasks it has not finished
+   (frozen once the store shows such a lease, and killed if it still holds it, so the
+   kill always lands mid-episode); w2 and w3 start, and after ``rollout.store_lease_s``
+   w1's tasks go to one of them;
 2. the trainer is SIGKILLed mid-step 3 (``VIME_TEST_PAUSE_AT=train:3``: step 3 claimed and
    buffered, not trained) while w2 and w3 run;
 3. ``resume=`` runs to the end, and w2 and w3 exit when they see the run's end.
@@ -23,7 +24,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -72,17 +72,19 @@ def _unfinished(url: str, run: str, owner: str) -> list[int]:
 
 
 def _kill_mid_episode(proc: subprocess.Popen, url: str, run: str, owner: str) -> list[int]:
-    """Freeze ``proc`` at moments until it holds unfinished leases, then SIGKILL it."""
+    """SIGKILL ``proc`` while it holds unfinished leases: once the store shows some, freeze
+    it and look again (it may have just finished them), then kill it, or let it go on."""
 
     def frozen_holding() -> list[int]:
+        if not _unfinished(url, run, owner):
+            return []
         os.kill(proc.pid, signal.SIGSTOP)
         held = _unfinished(url, run, owner)
         if not held:
             os.kill(proc.pid, signal.SIGCONT)
-            time.sleep(0.05)
         return held
 
-    held = wait_for(f"{owner} holding a lease", frozen_holding, 240, every_s=0.0)
+    held = wait_for(f"{owner} holding a lease", frozen_holding, 240, every_s=0.01)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     return held
@@ -106,10 +108,12 @@ def test_killed_worker_and_trainer_lose_no_group_and_train_none_twice(
     )
     trainer = start_train(tmp_path, args, "train.log", VIME_TEST_PAUSE_AT="train:3")
     run = wait_for("the run folder", lambda: run_folder(tmp_path), 120)
-    workers = {name: _worker(tmp_path, store_url, run.name, name) for name in ("w1", "w2")}
+    # w1 plays alone first: the only worker, it surely leases step 1's tasks.
+    workers = {"w1": _worker(tmp_path, store_url, run.name, "w1")}
     try:
         held = _kill_mid_episode(workers["w1"], store_url, run.name, "w1")
-        workers["w3"] = _worker(tmp_path, store_url, run.name, "w3")  # two play on
+        for name in ("w2", "w3"):  # two play on
+            workers[name] = _worker(tmp_path, store_url, run.name, name)
         wait_log(trainer, tmp_path / "train.log", "vime-test: paused at train step 3", 300)
         kill_group(trainer)
         resumed = start_train(tmp_path, [*args, f"resume={run}"], "resume.log")
