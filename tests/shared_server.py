@@ -7,7 +7,10 @@ Example:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+import httpx
 
 
 def give_back_tiny_weights(url: str, tiny_model_dir: Path) -> None:
@@ -15,3 +18,12 @@ def give_back_tiny_weights(url: str, tiny_model_dir: Path) -> None:
     from vime.engine import EngineClient
 
     EngineClient(url).update_weights_from_disk(tiny_model_dir, 0)
+
+
+def generated_tokens(url: str) -> float:
+    """vLLM's own count of the tokens it has sampled (Prometheus ``/metrics``)."""
+    text = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(
+        float(m.group(1))
+        for m in re.finditer(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    )

@@ -9,15 +9,14 @@ sampled under the new version from where it stopped, each token carrying its ver
 from __future__ import annotations
 
 import asyncio
-import re
 import threading
 import time
 from typing import Any
 
-import httpx
 import pytest
 
 from tests._fakes import QuestionEnv
+from tests.shared_server import generated_tokens
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.engine.client import EngineClient
 from vime.types import EpisodeStatus, SamplingParams
@@ -25,15 +24,6 @@ from vime.types import EpisodeStatus, SamplingParams
 pytestmark = pytest.mark.engine
 
 ANSWER_TOKENS = 300
-
-
-def generated_tokens(url: str) -> float:
-    """vLLM's own count of the tokens it has sampled (Prometheus ``/metrics``)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(m.group(1))
-        for m in re.finditer(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    )
 
 
 def test_a_sync_mid_episode_continues_each_turn_under_the_new_version(

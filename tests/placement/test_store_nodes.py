@@ -23,7 +23,7 @@ import pytest
 
 from tests._train import quick_train
 from tests.faults._faults import rows, wait_for
-from tests.placement.multinode import ROOT, Nodes, can_make_namespaces
+from tests.placement.multinode import ROOT
 from tests.store._server import kill_server
 from vime.buffer import DataBuffer
 
@@ -39,14 +39,6 @@ async def generate(ctx):
     episode.metadata["played_by"] = "marked.py"
     return episode
 """
-
-
-@pytest.fixture
-def nodes():
-    if not can_make_namespaces():
-        pytest.skip("network namespaces need root and iproute2")
-    with Nodes() as made:
-        yield made
 
 
 def _wait_for_run(run_root: Path, proc, timeout_s: float) -> Path:

@@ -21,21 +21,11 @@ import pytest
 from tests.docs.blocks import all_blocks
 from tests.placement.multinode import (
     SHORT_STEPS,
-    Nodes,
-    can_make_namespaces,
     check_run_on_both,
     short_overrides,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
-
-
-@pytest.fixture
-def nodes():
-    if not can_make_namespaces():
-        pytest.skip("network namespaces need root and iproute2")
-    with Nodes() as made:
-        yield made
 
 
 def test_two_nodes_train_math_with_tp2_across_them_and_an_engine_on_each(

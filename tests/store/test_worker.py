@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import sys
 import threading
 import time
@@ -21,9 +20,9 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
+from tests.shared_server import generated_tokens
 from vime.conf.compose import load_config
 from vime.engine.client import EngineClient
 from vime.rl.rollout_worker import RolloutWorker, WorkerConfig
@@ -35,15 +34,6 @@ pytestmark = pytest.mark.engine
 
 ROOT = Path(__file__).resolve().parents[2]
 ANSWER_TOKENS = 300
-
-
-def generated_tokens(url: str) -> float:
-    """vLLM's own count of the tokens it has sampled (Prometheus ``/metrics``)."""
-    text = httpx.get(f"{url}/metrics", timeout=10).text
-    return sum(
-        float(m.group(1))
-        for m in re.finditer(r"^vllm:generation_tokens_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
-    )
 
 
 def _worker(
