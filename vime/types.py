@@ -65,10 +65,12 @@ class SamplingParams:
     # trainer.temperature (checked at start); the RL loop's evaluation samples at 0.
     temperature: float = 1.0
     # Nucleus sampling: only the most likely tokens whose probabilities sum to top_p (1 =
-    # all). The trainer's log-probs are of the whole distribution: below 1 they differ
-    # from the rollouts' (train/train_rollout_logprob_abs_diff), as with top_k.
+    # all). The trainer replays top_p, top_k and min_p (trainer.sampler_replay): it scores
+    # the same truncated distribution the engine sampled from.
     top_p: float = 1.0
     top_k: int = -1  # only the k most likely tokens; -1 (any value <= 0) = all
+    # Only tokens at least min_p times as likely as the most likely one (0 = all).
+    min_p: float = 0.0
     # Tokens one turn may sample, lowered to what is left of collector.max_model_len.
     max_tokens: int = 256
     stop: list[str] = field(default_factory=list)  # strings that end a turn (vLLM's stop)
@@ -76,8 +78,9 @@ class SamplingParams:
     # it with a seed per episode and turn; without it, every episode of a group (one
     # prompt) gets the same seed, so vLLM draws the same random numbers for each.
     seed: int | None = None
-    # Engine-specific request fields passed through as-is, e.g. vLLM's
-    # {"structured_outputs": {"regex": ...}} or {"repetition_penalty": 1.1}.
+    # Engine-specific request fields passed through as-is, e.g. vLLM's {"ignore_eos": true}.
+    # Fields that reshape the distribution ({"structured_outputs": {"regex": ...}},
+    # penalties) cannot be replayed by the trainer: training needs trainer.sampler_replay=false.
     extra_body: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,6 +90,23 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_tokens < 1:
             raise ValueError(f"SamplingParams.max_tokens must be >= 1, got {self.max_tokens}")
+        if not (0 <= self.min_p <= 1):
+            raise ValueError(f"SamplingParams.min_p must be in [0, 1], got {self.min_p}")
+
+    def sampler(self) -> dict[str, float]:
+        """What the trainer needs to score the distribution these params sample from
+        (recorded with each episode as ``Episode.sampler``).
+
+        Example:
+            >>> SamplingParams(top_k=0, top_p=0.9).sampler()
+            {'temperature': 1.0, 'top_p': 0.9, 'top_k': -1, 'min_p': 0.0}
+        """
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k if self.top_k > 0 else -1,
+            "min_p": self.min_p,
+        }
 
 
 @dataclass
@@ -206,6 +226,9 @@ class Episode:
     # Where each training sample starts in tokens: [] or [0] is one sample; more when
     # collector.sample_per_turn cut the episode into turns (vime.agents.turn_samples).
     sample_starts: list[int] = field(default_factory=list)
+    # The sampler of every sampled token (SamplingParams.sampler()): the trainer replays
+    # its truncation. None (records written before it existed): the whole vocabulary.
+    sampler: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         self.status = EpisodeStatus(self.status)
@@ -287,6 +310,9 @@ class Sample:
     values: list[float] | None = None
     returns: list[float] | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    # How the engine sampled the tokens (SamplingParams.sampler()); None = unknown, scored
+    # over the whole vocabulary.
+    sampler: dict[str, float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -327,4 +353,5 @@ class Sample:
             weight_version=min(versions) if versions else -1,
             group_id=ep.group_id,
             metadata={"task_id": ep.task_id, "env_id": ep.env_id, "status": ep.status.value},
+            sampler=ep.sampler,
         )

@@ -56,6 +56,20 @@ def test_sampled_ids_must_be_the_engines():
         check_sampled(twice, [first])
 
 
+def test_the_episode_takes_its_completions_sampler():
+    """The trainer replays one sampler per sample (trainer.sampler_replay)."""
+    top_p, greedy = SamplingParams(top_p=0.9).sampler(), SamplingParams(temperature=0).sampler()
+    first, second = _out([7, 8], [-0.5, -0.25]), _out([9], [-1.0])
+    first.sampler = second.sampler = top_p
+    ep = Episode("t", "e", [1, 7, 8, 2, 9], [0, 1, 1, 0, 1], [0.0, -0.5, -0.25, 0.0, -1.0])
+    check_sampled(ep, [first, second])
+    assert ep.sampler == top_p
+    second.sampler = greedy
+    mixed = Episode("t", "e", [1, 7, 8, 2, 9], [0, 1, 1, 0, 1], [0.0, -0.5, -0.25, 0.0, -1.0])
+    with pytest.raises(RolloutError, match="different samplers"):
+        check_sampled(mixed, [first, second])
+
+
 def test_load_errors_name_the_key_and_signature(tmp_path, monkeypatch):
     (tmp_path / "gen.py").write_text(
         "def plain(ctx):\n    return None\nasync def two(ctx, extra):\n    return None\n"

@@ -75,7 +75,9 @@ async def _serve(app) -> tuple:
     """Start ``app`` (aiohttp) on a free local port: its runner (cleanup) and its URL."""
     from aiohttp import web
 
-    runner = web.AppRunner(app)
+    # Handlers that play a hung server never return: cleanup cancels them after 0.1 s
+    # (aiohttp's default waits 60 s for them).
+    runner = web.AppRunner(app, shutdown_timeout=0.1)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
@@ -195,6 +197,8 @@ def test_config_is_validated() -> None:
         PolicyClientConfig(urls=["localhost:8000"])
     with pytest.raises(ConfigError, match=r"policy\.http_transport"):
         PolicyClientConfig(urls=[URL], http_transport="aiohttp")  # now "sdk"
+    with pytest.raises(ConfigError, match=r"policy\.heartbeat_s"):
+        PolicyClientConfig(urls=[URL], heartbeat_s=0)
 
 
 @pytest.mark.parametrize("transport", ["sdk", "direct"])
@@ -393,3 +397,65 @@ def test_a_timed_out_request_is_retried_only_if_the_server_answers_its_health(he
     assert seconds[0] < 1.5, seconds  # 0.5 s timeout + 0.5 s probe; 4 tries: > 2 s
     assert "marked down, and its /health does not answer within 0.5 s" in second, second
     assert seconds[1] < 0.2, seconds  # the probe's silence is shared: no second wait
+
+
+@pytest.mark.parametrize("server", ["hangs", "slow", "flaky"])
+def test_the_heartbeat_finds_a_hung_server_long_before_the_request_timeout(
+    server, monkeypatch
+) -> None:
+    """A real local server that stops answering while a request waits on it (its handlers
+    never return) is found by the heartbeat: two distinct /health probes in a row silent
+    (0.5 s each, one every 0.3 s) end the request as EngineUnavailableError within about
+    a second, not at request_timeout_s (60 s), and without a retry. A server slow to
+    complete whose /health answers ("slow"), or answers every other probe ("flaky": one
+    silent probe is not a hang), is not cut off: its 3 s request completes."""
+    from aiohttp import web
+
+    monkeypatch.setattr("vime.agents.policy_client.HEALTH_PROBE_S", 0.5)
+    posts, probes, hung = [0], [0], [False]
+
+    async def completions(request: web.Request) -> web.Response:
+        posts[0] += 1
+        hung[0] = server == "hangs"  # it stops answering now, /health included
+        await asyncio.sleep(3600 if hung[0] else 3.0)
+        return web.json_response(completion([5]))
+
+    async def health_check(request: web.Request) -> web.Response:
+        probes[0] += 1
+        if hung[0] or (server == "flaky" and probes[0] % 2):
+            await asyncio.sleep(3600)
+        return web.Response(text="")
+
+    async def run() -> tuple[object, float, list[str]]:
+        import time
+
+        app = web.Application()
+        app.router.add_post("/v1/completions", completions)
+        app.router.add_get("/health", health_check)
+        runner, url = await _serve(app)
+        client = PolicyClient.from_urls(
+            url, model="m", http_transport="direct", request_timeout_s=60.0, heartbeat_s=0.3,
+        )  # fmt: skip
+        t0 = time.perf_counter()
+        try:
+            out: object = await client.generate([1], SamplingParams(), session="a")
+        except EngineUnavailableError as err:
+            out = err
+        try:
+            return out, time.perf_counter() - t0, client._heartbeat.watching()
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+
+    out, seconds, watching = asyncio.run(run())
+    assert watching == []  # the request's end stopped its engine's heartbeat
+    if server != "hangs":
+        assert getattr(out, "token_ids", out) == [5]
+        assert 3.0 <= seconds < 5.0, seconds
+        assert probes[0] >= 4, probes  # the heartbeat ran the whole time
+        return
+    assert isinstance(out, EngineUnavailableError)
+    assert "hung: its /health was silent on 2 probes in a row (each given 0.5 s" in str(out)
+    assert (posts[0], probes[0]) == (1, 2), (posts, probes)  # no retry, two probes
+    # 0.3 s to the first probe, 0.5 s for each silent one; request_timeout_s is 60 s.
+    assert 1.2 < seconds < 4.0, seconds

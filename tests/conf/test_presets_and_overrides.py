@@ -118,12 +118,15 @@ def test_every_moved_key_is_an_algorithm_key():
         (["env.kwargs.max_turns=2"], "env.kwargs", {"max_turns": 2}),
         (["env=tools", "~env.kwargs.tools"], "env.kwargs", {"max_turns": 4}),
         (
-            ['rollout.collector.sampling.extra_body={"repetition_penalty": 1.1}'],
+            ['rollout.collector.sampling.extra_body={"ignore_eos": true}'],
             "rollout.collector.sampling.extra_body",
-            {"repetition_penalty": 1.1},
+            {"ignore_eos": True},
         ),
         (
-            ['rollout.collector.sampling.extra_body={"structured_outputs": {"regex": "\\\\d+|it\'s"}}'],
+            [
+                'rollout.collector.sampling.extra_body={"structured_outputs": {"regex": "\\\\d+|it\'s"}}',
+                "trainer.sampler_replay=false",  # a grammar: the trainer cannot replay it
+            ],
             "rollout.collector.sampling.extra_body",
             {"structured_outputs": {"regex": "\\d+|it's"}},
         ),

@@ -72,6 +72,7 @@ def observe_a_run(folder: Path, engine_url: str) -> ObservedRun:
         # The call is 80 characters: at most 80 tokens and the end of the turn.
         "rollout.collector.sampling.max_tokens=96",
         f"+rollout.collector.sampling.extra_body.structured_outputs.regex='{POLICY_REGEX}'",
+        "trainer.sampler_replay=false",  # a grammar: the trainer cannot replay it
         # An entropy term: the loss depends on the weights even when a group's rewards tie.
         "trainer.loss.entropy_coef=0.01",
         "eval_every=0",

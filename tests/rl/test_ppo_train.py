@@ -44,6 +44,7 @@ def _overrides(tmp_path: Path, url: str, *extra: str) -> list[str]:
         "env=math",
         f"env.tasks.path={tasks}",
         f"+rollout.collector.sampling.extra_body.structured_outputs.regex='{ANSWER}'",
+        "trainer.sampler_replay=false",  # a grammar: the trainer cannot replay it
         "algorithm.advantage=gae",
         "algorithm.gamma=0.99",
         "critic.lr=1e-3",

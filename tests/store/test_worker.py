@@ -79,6 +79,7 @@ def test_a_worker_continues_sync_aborted_requests_under_the_published_version(
         f"rollout.collector.sampling.max_tokens={ANSWER_TOKENS}",
         f"rollout.collector.sampling.extra_body={letters}",
         "rollout.collector.max_model_len=1024",
+        "trainer.sampler_replay=false",  # a grammar: the trainer cannot replay it
     ]
     worker, store = _worker(store_url, url, tiny_model_dir, before, overrides)
     start_count = generated_tokens(url)

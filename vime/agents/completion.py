@@ -49,6 +49,8 @@ class Completion:
     latency_s: float = 0.0
     attempts: int = 1
     token_versions: list[int] = field(default_factory=list)
+    # How it was sampled (SamplingParams.sampler()), set by PolicyClient.generate.
+    sampler: dict[str, float] | None = None
 
     @property
     def num_tokens(self) -> int:

@@ -260,7 +260,9 @@ class AgentEndpoint:
             final, reward, metrics = await self._settle(live, live.ending or ending)
             final = close_chat(live.session.chat, final)  # on_template_mismatch="error"
             self.client.release(session_id)
-        return _episode(live, final, reward, metrics)
+        episode = _episode(live, final, reward, metrics)
+        episode.sampler = self.config.sampling.sampler()  # every reply's (only seeds differ)
+        return episode
 
     async def _settle(
         self, live: _Live, ending: Ending | None

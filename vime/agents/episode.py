@@ -457,6 +457,7 @@ class EpisodeRun:
             metrics=metrics,
             metadata=metadata,
             uid=self.uid,
+            sampler=self.context.settings.sampling.sampler(),
             **chat_fields(self.chat, metrics, metadata),
         )
 

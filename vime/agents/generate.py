@@ -247,7 +247,8 @@ async def run_generate(fn: GenerateFn, ctx: GenerateContext) -> Episode:
 def check_sampled(episode: Episode, completions: list[Completion]) -> None:
     """Raise :class:`RolloutError` unless each run of loss-mask-1 tokens is one or more of
     ``completions`` (ids and log-probs as the engine returned them), in order; weight
-    versions left at -1 are filled in from the completions.
+    versions left at -1 are filled in from the completions, and ``episode.sampler`` is
+    theirs (turns sampled under different samplers are an error).
 
     Example:
         >>> out = Completion([7, 8], [-0.5, -0.25], "stop", 2, "http://e:1")
@@ -280,8 +281,23 @@ def check_sampled(episode: Episode, completions: list[Completion]) -> None:
                 )
             if all(v == -1 for v in episode.weight_versions[k : k + n]):
                 episode.weight_versions[k : k + n] = found.versions
+            _record_sampler(episode, found)
             unused.remove(found)
             k += n
+
+
+def _record_sampler(episode: Episode, completion: Completion) -> None:
+    """``episode.sampler`` from its completions: the trainer replays one sampler per sample."""
+    if completion.sampler is None:
+        return
+    if episode.sampler is not None and episode.sampler != completion.sampler:
+        raise RolloutError(
+            f"{KEY}: task {episode.task_id} sample {episode.sample_index}: its turns were "
+            f"sampled with different samplers ({episode.sampler} and {completion.sampler}); "
+            "the trainer scores each sample under one: sample every turn of it with the same "
+            "temperature, top_p, top_k and min_p"
+        )
+    episode.sampler = completion.sampler
 
 
 def _runs(mask: list[int]) -> list[tuple[int, int]]:

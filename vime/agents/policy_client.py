@@ -17,10 +17,12 @@ never under-estimated).
 
 Failures: connection errors, timeouts and 5xx responses are retried with exponential
 backoff (``max_attempts``), except a timeout from a server whose ``/health`` does not
-answer either (a hung engine: each retry would wait ``request_timeout_s`` again); after
-that the server is marked down for ``down_s`` seconds
-(or until :meth:`PolicyClient.set_weight_version` is called for it: the loop does that
-once it has restarted the engine and reloaded the current weights). The session then
+answer either (a hung engine: each retry would wait ``request_timeout_s`` again). Most
+hangs are found sooner, by the heartbeat (:mod:`vime.agents.liveness`): while a request
+waits, its engine's ``/health`` is probed every ``heartbeat_s``, and two distinct silent
+probes in a row end it (25 s at the defaults). Then the server is marked down for
+``down_s`` s (or until :meth:`PolicyClient.set_weight_version` is called for it: the loop
+does that once it has restarted the engine and reloaded the current weights). The session then
 fails over: it moves to the best other server not marked down and the same request is
 sent there (token ids in, so nothing is redone; only the prefix cache is lost). Only
 when no other server is healthy (or the failover servers fail too) is
@@ -80,6 +82,7 @@ from vime.agents.completion import (
     parse_completion,
     sync_landed,
 )
+from vime.agents.liveness import EngineHungError, Heartbeat
 from vime.agents.routing import Router
 from vime.agents.server_probes import HEALTH_PROBE_S, ServerProbes
 from vime.config import require, require_choice
@@ -117,6 +120,9 @@ class PolicyClientConfig:
     model: str = ""  # served model name; "" = ask the first server's /v1/models
     api_key: str = "EMPTY"
     request_timeout_s: float = 600.0
+    # While a request waits, its engine's /health is probed this often; two distinct
+    # probes in a row silent (HEALTH_PROBE_S each) cut it: the engine is hung.
+    heartbeat_s: float = 5.0
     max_attempts: int = 4  # total tries per request on connection errors / 5xx
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 8.0
@@ -141,6 +147,7 @@ class PolicyClientConfig:
             )
         require(self.max_attempts >= 1, "policy.max_attempts", "must be >= 1")
         require(self.request_timeout_s > 0, "policy.request_timeout_s", "must be > 0")
+        require(self.heartbeat_s > 0, "policy.heartbeat_s", "must be > 0")
         require(self.backoff_initial_s >= 0, "policy.backoff_initial_s", "must be >= 0")
         require(self.max_connections >= 1, "policy.max_connections", "must be >= 1")
         require_choice(self.http_transport, "policy.http_transport", list(TRANSPORTS))
@@ -203,6 +210,7 @@ class PolicyClient:
             self._aiohttp_session,
             health_timeout_s=min(HEALTH_PROBE_S, config.request_timeout_s),
         )
+        self._heartbeat = Heartbeat(self._probes, lambda: self.config.heartbeat_s)
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -349,6 +357,8 @@ class PolicyClient:
         }
         if params.top_k > 0:
             body["top_k"] = params.top_k
+        if params.min_p > 0:
+            body["min_p"] = params.min_p
         if params.stop:
             body["stop"] = list(params.stop)
         if params.seed is not None:
@@ -387,7 +397,9 @@ class PolicyClient:
             ):
                 break
             parts.append(await self._generate_once(ids, params, session, left))
-        return parts[0] if len(parts) == 1 else merge(parts)
+        out = parts[0] if len(parts) == 1 else merge(parts)
+        out.sampler = params.sampler()
+        return out
 
     async def _generate_once(
         self, prompt_ids: list[int], params: SamplingParams, session: str, max_tokens: int
@@ -437,7 +449,11 @@ class PolicyClient:
         start = time.perf_counter()
         tries = [1]
         try:
-            data = await self._post_retrying(url, body, tries)
+            data = await self._heartbeat.watched(url, self._post_retrying(url, body, tries))
+        except EngineHungError as err:
+            if mark_down:
+                self._mark_down(url)
+            raise EngineUnavailableError(f"{url}: {err} (attempt {tries[0]})") from err
         except openai.APIStatusError as err:
             if err.status_code >= 500:
                 if mark_down:

@@ -1,7 +1,8 @@
 """Questions about a policy server's state (paused? alive?) that many requests share.
 
-A weight sync aborts every request in flight at once, and a hung engine times out all of
-them at once; each then asks the server something. :class:`ServerProbes` sends one
+A weight sync aborts every request in flight at once, a hung engine times out all of
+them at once, and the heartbeat (:mod:`vime.agents.liveness`) asks after an engine while
+any of them waits; each then asks the server something. :class:`ServerProbes` sends one
 probe per server and question and hands its answer to every caller, so hundreds of
 requests cost the server one request.
 
@@ -20,8 +21,9 @@ from typing import Any
 
 import aiohttp
 
-# Seconds a server gets to answer GET /health once a request to it timed out or it is
-# marked down; any HTTP answer counts (a server that is not vLLM may have no /health).
+# Seconds a server gets to answer GET /health (a heartbeat, a request to it timed out, or
+# it is marked down); any HTTP answer counts (a server that is not vLLM may have no
+# /health). A vLLM server answers in milliseconds, from its API process, even under load.
 HEALTH_PROBE_S = 10.0
 
 
@@ -44,25 +46,32 @@ class ServerProbes:
     async def is_paused(self, url: str) -> bool:
         """Whether ``url`` is paused (a weight sync in progress); False if it cannot say.
         An answer younger than 0.1 s is shared (the server is busy loading weights)."""
-        return await self._shared("is_paused", url, self._ask_paused, 0.1)
+        return (await self._shared("is_paused", url, self._ask_paused, 0.1))[0]
 
     async def answers(self, url: str) -> bool:
         """Whether ``url`` answers ``GET /health`` within ``health_timeout_s`` (any status)."""
         # Fresh for as long as a silent probe takes, and 2 s after.
-        return await self._shared("health", url, self._ask_health, self.health_timeout_s + 2.0)
+        return (await self.health(url, fresh_s=self.health_timeout_s + 2.0))[0]
+
+    async def health(self, url: str, *, fresh_s: float = 0.0) -> tuple[bool, float]:
+        """Whether ``url`` answers ``GET /health`` within ``health_timeout_s``, and when that
+        probe was sent (``time.monotonic()``): callers sharing a probe get the same time,
+        so two answers with different times come from two distinct probes. The probe in
+        flight is shared, and so is one sent less than ``fresh_s`` seconds ago."""
+        return await self._shared("health", url, self._ask_health, fresh_s)
 
     async def _shared(
         self, what: str, url: str, ask: Callable[[str], Coroutine[Any, Any, bool]], fresh_s: float
-    ) -> bool:
-        """``ask(url)``, shared: callers get the probe in flight, or an answer asked less
-        than ``fresh_s`` seconds ago."""
+    ) -> tuple[bool, float]:
+        """``ask(url)`` and when it was asked, shared: callers get the probe in flight, or an
+        answer asked less than ``fresh_s`` seconds ago."""
         loop = asyncio.get_running_loop()
         probe, asked = self._probes.get((what, url), (None, 0.0))
         fresh = probe is not None and (not probe.done() or time.monotonic() - asked < fresh_s)
         if probe is None or not fresh or probe.get_loop() is not loop:
             probe, asked = loop.create_task(ask(url)), time.monotonic()
             self._probes[(what, url)] = (probe, asked)
-        return await asyncio.shield(probe)
+        return await asyncio.shield(probe), asked
 
     async def _ask_health(self, url: str) -> bool:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)

@@ -57,6 +57,13 @@ def _resumed_folder_matches(cfg: TrainConfig, key: str) -> bool:
     return re.fullmatch(rf"\d{{8}}-\d{{6}}-{re.escape(cfg.name)}(-\d+)?", folder.name) is not None
 
 
+def _sampler_truncates(sampling: Any) -> bool:
+    """Whether rollouts are drawn from anything but the whole temperature-scaled vocabulary."""
+    return bool(
+        sampling.top_p < 1 or sampling.top_k > 0 or sampling.min_p > 0 or sampling.extra_body
+    )
+
+
 _CRITIC_KEYS = tuple(f"critic.{f.name}" for f in dataclasses.fields(CriticConfig))
 
 RULES: tuple[Needs, ...] = (
@@ -222,6 +229,14 @@ RULES: tuple[Needs, ...] = (
         lambda c: not c.rollout.store,
         "(each step takes the groups the store's workers wrote instead)",
         "set one of rollout.store (rollout workers) and rollout.orchestrator",
+    ),
+    Needs(
+        ("trainer.sampler_replay",),
+        "rollout.collector.sampling.top_p",
+        lambda c: _sampler_truncates(c.rollout.collector.sampling),
+        "(and no top_k, min_p or extra_body field: the engine samples the whole vocabulary, "
+        "which the trainer scores either way)",
+        "leave trainer.sampler_replay unset, or sample with top_p, top_k or min_p",
     ),
     Needs(
         ("rollout.collector.sampling.seed",),

@@ -45,6 +45,7 @@ from vime.placement.config import PlacementConfig
 from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
+from vime.trainer.sampler_replay import unreplayed_fields
 from vime.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -144,10 +145,11 @@ class RolloutConfig:
     token keeping the version that sampled it (:mod:`vime.agents.completion`); false:
     they are frozen and resumed, their tokens recorded with the older version.
 
-    Faults (RELIABILITY.md): episodes lost to an unavailable engine (killed, or hung past
-    ``request_timeout_s`` per request try) are played again once the engine is back, at
-    most ``engine_retries`` rounds per step; a step where more than ``max_error_frac`` of
-    the episodes end in ``error`` stops the run with the reasons.
+    Faults (RELIABILITY.md): episodes lost to an unavailable engine (killed, or hung: found
+    by its heartbeat within ``engine_heartbeat_s`` + 20 s, or past ``request_timeout_s``
+    per request try) are played again once the engine is back, at most ``engine_retries``
+    rounds per step; a step where more than ``max_error_frac`` of the episodes end in
+    ``error`` stops the run with the reasons.
 
     Rewards (:mod:`vime.agents.rewards`): ``reward`` and ``group_reward`` name your
     functions, loaded and checked when the run starts; the loop's evaluation uses the same
@@ -168,6 +170,11 @@ class RolloutConfig:
     max_error_frac: float = 0.5  # above this fraction of error episodes, the run stops
     # per request try to the engine; a timed-out try is retried only if /health answers
     request_timeout_s: float = 600.0
+    # While requests wait on an engine, its /health is probed this often (one probe shared
+    # by all of them); two distinct probes in a row unanswered within 10 s each mean the
+    # engine is hung: its requests end as lost at once (found within this + 20 s) and the
+    # engine is restarted, whatever request_timeout_s is (vime.agents.liveness).
+    engine_heartbeat_s: float = 5.0
     partial_rollouts: bool = True  # a sync aborts in-flight requests, which then continue
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(
@@ -222,6 +229,7 @@ class RolloutConfig:
             "must be in [0, 1] (1 = never stop on env errors)",
         )
         require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0 seconds")
+        require(self.engine_heartbeat_s > 0, "rollout.engine_heartbeat_s", "must be > 0 seconds")
         require(self.refill_retries >= 0, "rollout.refill_retries", "must be >= 0 (0 = no refill)")
         require(self.store_lease_s > 0, "rollout.store_lease_s", "must be > 0 seconds")
 
@@ -371,6 +379,7 @@ class TrainConfig:
         self._check_sync()
         self._check_algorithms()
         self._check_critic()
+        self._check_sampler_replay()
         self.trace.check_engine(
             self.engine.profiler_dir, bool(self.engine.url or self.placement.engine_urls)
         )
@@ -386,6 +395,19 @@ class TrainConfig:
             f"must equal rollout.collector.sampling.temperature "
             f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
             "of the distribution the engine sampled from",
+        )
+
+    def _check_sampler_replay(self) -> None:
+        """The trainer replays the sampler's truncation, not what ``extra_body`` adds."""
+        unreplayed = unreplayed_fields(self.rollout.collector.sampling.extra_body)
+        require(
+            not (self.trainer.sampler_replay and unreplayed),
+            "rollout.collector.sampling.extra_body",
+            f"holds {unreplayed}, which change the distribution vLLM samples from in a way "
+            "the trainer cannot replay (trainer.sampler_replay=true): its log-probs would be "
+            "of another distribution than the rollouts'. Pass top_p / top_k / min_p / "
+            "temperature as rollout.collector.sampling's own keys, drop the others, or set "
+            "trainer.sampler_replay=false to score the whole vocabulary knowingly",
         )
 
     def _check_algorithms(self) -> None:

@@ -183,8 +183,9 @@ class Rollouts:
         self.orchestrator: Orchestrator | None = None  # made at the first collected step
         self.ctx: OrchestratorContext | None = None
         self._env_factory = envs.EnvMaker(cfg.env.id, dict(cfg.env.kwargs))
-        # The client's per-try timeout is a rollout key: a hung engine then ends as lost.
+        # The client's per-try timeout and heartbeat are rollout keys: a hung engine ends as lost.
         policy.config.request_timeout_s = cfg.rollout.request_timeout_s
+        policy.config.heartbeat_s = cfg.rollout.engine_heartbeat_s
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="vime-rollouts", daemon=True

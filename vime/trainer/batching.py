@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from vime.trainer.sampler_replay import Truncation, truncates
 from vime.types import Sample
 
 
@@ -149,6 +150,9 @@ class MicroBatch:
     # and the GAE returns it regresses on; None for samples without them.
     old_values: torch.Tensor | None = None  # [B, S-1]
     returns: torch.Tensor | None = None  # [B, S-1]
+    # [B, S-1] blocks of each row's sampler truncation (trainer.sampler_replay); None when
+    # no row was sampled with top_p < 1, top_k or min_p.
+    truncation: Truncation | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -206,6 +210,7 @@ def collate(
     causal_mask: bool = True,
     packed: bool = False,
     pad_to: int = 1,
+    replay_samplers: bool = False,
 ) -> MicroBatch:
     """Build the :class:`MicroBatch` of ``samples[i] for i in indices``.
 
@@ -219,6 +224,7 @@ def collate(
     ``pad_to``: the model input's sequence length is padded to a multiple of it (Megatron's
     sequence parallelism splits the sequence over TP ranks); packed, the filler is one
     more sequence of its own. The target-aligned tensors never include the filler.
+    ``replay_samplers``: ``truncation`` holds the rows' ``Sample.sampler`` where one truncates.
 
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
@@ -260,6 +266,9 @@ def collate(
     if any(s.token_advantages is not None for s in rows):  # GAE: one advantage per token
         advantages = shifted([s.token_advantages or [s.advantage] * len(s.tokens) for s in rows])
     with_values = all(s.values is not None and s.returns is not None for s in rows)
+    truncation = None
+    if replay_samplers and any(truncates(s.sampler) for s in rows):
+        truncation = Truncation.of([s.sampler for s in rows]).expand(width - 1)
     return MicroBatch(
         indices=list(indices),
         input_ids=input_ids,
@@ -273,6 +282,7 @@ def collate(
         ref_logprobs=ref,
         old_values=shifted([list(s.values or ()) for s in rows]) if with_values else None,
         returns=shifted([list(s.returns or ()) for s in rows]) if with_values else None,
+        truncation=truncation,
     )
 
 
@@ -314,4 +324,6 @@ def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
     for name, value in vars(mb).items():
         if isinstance(value, torch.Tensor) and name != "cu_seqlens":
             setattr(mb, name, value.to(device, non_blocking=True))
+    if mb.truncation is not None:
+        mb.truncation = mb.truncation.to(device)
     return mb

@@ -35,7 +35,8 @@ class TrainerConfig:
     attention) or ``full`` (every transformer layer, keeping only its input).
     The learning rate of step k (1-based) is ``lr · min(1, k / warmup_steps)``, then decays
     to ``min_lr`` over ``lr_decay_steps`` with ``lr_decay_style`` (``constant``: no decay).
-    ``temperature`` must be the sampling temperature of the rollouts. ``attention`` is
+    ``temperature`` must be the sampling temperature of the rollouts; ``sampler_replay``
+    scores each sample under the top-k / top-p / min-p it was sampled with. ``attention`` is
     ``sdpa`` (PyTorch's fused causal kernel; default) or ``megatron`` (megatron-core's own).
 
     Example:
@@ -69,6 +70,11 @@ class TrainerConfig:
     pack_sequences: bool = False
     recompute: str = "none"
     temperature: float = 1.0
+    # Score each sample under the truncation its engine sampled with (top_p, top_k, min_p
+    # recorded per sample; vime.trainer.sampler_replay): the trainer's and the rollouts'
+    # log-probs are then of one distribution. false: the whole vocabulary (the old way),
+    # needed for request fields it cannot replay (penalties, grammars: extra_body).
+    sampler_replay: bool = True
     seed: int = 1234  # seeds Python, torch and Megatron's model-parallel RNG (every rank the same)
     # float32 or bfloat16 parameters (bfloat16 keeps float32 master weights in the
     # optimizer); the reference model and the critic use it too.

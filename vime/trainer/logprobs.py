@@ -20,7 +20,8 @@ one all-reduce each, never gathering the vocabulary.
 
 The numerics follow vLLM's ``--logprobs-mode processed_logprobs``: logits are computed in
 the model dtype, soft-capped where the model caps them (Gemma 2: ``softcap``), cast to fp32,
-divided by the temperature, then log-softmaxed. Capped logits take the autograd path
+divided by the temperature, truncated where the engine's sampler truncated them (top-k,
+top-p, min-p: :mod:`vime.trainer.sampler_replay`), then log-softmaxed. Capped logits take the autograd path
 (:func:`_chunk`): the fused backward has no tanh term.
 
 Example:
@@ -43,6 +44,7 @@ import torch.distributed as dist
 from torch.utils.checkpoint import checkpoint
 
 from vime.trainer.gemma import softcap
+from vime.trainer.sampler_replay import Truncation, gather_vocab, kept_thresholds
 
 # Padded vocabulary columns get this logit: exp() of it is exactly 0 and, unlike -inf,
 # 0 · logit stays 0, so entropy and gradients stay finite.
@@ -102,6 +104,7 @@ def _chunk(
     *,
     entropy_grad: bool,
     cap: float | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     logits = softcap(hidden @ weight.t(), cap)
     # bf16/fp16 logits are upcast (as vLLM does); fp64 stays fp64 (for exact tests).
@@ -113,6 +116,10 @@ def _chunk(
     if vocab_size is not None and start + local_vocab > vocab_size:
         cols = torch.arange(start, start + local_vocab, device=logits.device)
         logits = logits.masked_fill(cols >= vocab_size, _MASKED_LOGIT)
+    if truncation is not None:
+        logits = logits.masked_fill(
+            logits < _thresholds(logits.detach(), targets, truncation, group, tp), _MASKED_LOGIT
+        )
     # The max only keeps exp() in range; it needs no gradient (log-softmax is shift-invariant).
     with torch.no_grad():
         row_max = logits.max(dim=-1).values
@@ -176,6 +183,15 @@ def greedy_hits(
     return torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool, device=hidden.device)
 
 
+def _thresholds(
+    logits: torch.Tensor, targets: torch.Tensor, truncation: Truncation, group: Any, tp: int
+) -> torch.Tensor:
+    """``[n, 1]``: the engine sampler's kept-logit threshold of each row (see
+    :mod:`vime.trainer.sampler_replay`), read from the whole vocabulary under TP."""
+    full = gather_vocab(logits, group, tp)
+    return kept_thresholds(full, targets, truncation)[0][:, None]
+
+
 def _mask_padded_vocab(logits: torch.Tensor, start: int, vocab_size: int | None) -> None:
     """In place: columns of this rank's slice beyond the true vocabulary get _MASKED_LOGIT."""
     if vocab_size is not None and start + logits.shape[-1] > vocab_size:
@@ -193,7 +209,17 @@ class _FusedLogprob(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx, hidden, weight, targets, temperature, vocab_size, group, tp, tp_rank, with_entropy
+        ctx,
+        hidden,
+        weight,
+        targets,
+        temperature,
+        vocab_size,
+        group,
+        tp,
+        tp_rank,
+        with_entropy,
+        truncation=None,
     ):  # type: ignore[override]
         logits = hidden @ weight.t()
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
@@ -202,6 +228,10 @@ class _FusedLogprob(torch.autograd.Function):
         local_vocab = logits.shape[-1]
         start = tp_rank * local_vocab
         _mask_padded_vocab(logits, start, vocab_size)
+        if truncation is not None:  # what the engine's sampler dropped has probability 0
+            logits.masked_fill_(
+                logits < _thresholds(logits, targets, truncation, group, tp), _MASKED_LOGIT
+            )
         row_max = logits.max(dim=-1).values
         if tp > 1:
             dist.all_reduce(row_max, op=dist.ReduceOp.MAX, group=group)
@@ -237,11 +267,11 @@ class _FusedLogprob(torch.autograd.Function):
         grad_logits = grad_logits.to(hidden.dtype)
         grad_hidden = grad_logits @ weight if ctx.needs_input_grad[0] else None
         grad_weight = grad_logits.t() @ hidden if ctx.needs_input_grad[1] else None
-        return grad_hidden, grad_weight, None, None, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None, None, None
 
 
-def _fused_chunk(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    return _FusedLogprob.apply(*args)
+def _fused_chunk(*args: Any, truncation: Truncation | None) -> tuple[torch.Tensor, torch.Tensor]:
+    return _FusedLogprob.apply(*args, truncation)
 
 
 def token_logprobs(
@@ -256,6 +286,7 @@ def token_logprobs(
     entropy_grad: bool = True,
     recompute: bool = True,
     logit_softcap: float | None = None,
+    truncation: Truncation | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of ``targets`` and the entropy of the distribution, for every row of ``hidden``.
 
@@ -272,6 +303,8 @@ def token_logprobs(
             rather than keep every chunk's fp32 logits until the backward pass.
         logit_softcap: logits become ``cap · tanh(logits / cap)`` first (Gemma 2's
             ``final_logit_softcapping``), as the model's own output and vLLM compute them.
+        truncation: per row, the engine sampler's top-k / top-p / min-p: the tokens it
+            dropped are masked before the log-softmax (:mod:`vime.trainer.sampler_replay`).
 
     Returns ``(logprobs [N], entropy [N])`` in fp32 (fp64 for fp64 inputs), differentiable w.r.t. hidden and weight.
 
@@ -304,12 +337,13 @@ def token_logprobs(
             tp_rank,
             with_entropy,
         )
+        rows = truncation.rows(lo, lo + chunk_size) if truncation is not None else None
         if logit_softcap is not None:
-            fn: Any = partial(_chunk, entropy_grad=entropy_grad, cap=logit_softcap)
+            fn: Any = partial(_chunk, entropy_grad=entropy_grad, cap=logit_softcap, truncation=rows)
         elif entropy_grad and with_entropy and needs_grad:
-            fn = partial(_chunk, entropy_grad=True)
+            fn = partial(_chunk, entropy_grad=True, truncation=rows)
         else:
-            fn = _fused_chunk
+            fn = partial(_fused_chunk, truncation=rows)
         if needs_grad and recompute:
             lp, ent = checkpoint(fn, *args, use_reentrant=False)
         else:

@@ -198,14 +198,8 @@ class Trainer:
         indices: list[int],
         old_logprobs: Sequence[Sequence[float]] | None,
     ) -> list[MicroBatch]:
-        vocab = self.spec.vocab_size
         for i in indices:
-            bad = [t for t in samples[i].tokens if not 0 <= t < vocab]
-            if bad:
-                raise TrainerError(
-                    f"sample {i} has token ids {bad[:3]} outside the model's vocabulary [0, {vocab}): "
-                    "were the samples tokenized for another model?"
-                )
+            self._check_sample(i, samples[i])
         lengths = [len(samples[i].tokens) for i in indices]
         packed = self.config.pack_sequences
         groups = pack_indices(lengths, self.config.micro_batch_tokens, packed=packed)
@@ -222,11 +216,31 @@ class Trainer:
                     causal_mask=mask,
                     packed=packed,
                     pad_to=pad_to,
+                    replay_samplers=self.config.sampler_replay,
                 ),
                 self.device,
             )
             for g in groups
         ]
+
+    def _check_sample(self, i: int, sample: Sample) -> None:
+        """TrainerError for a sample this trainer would score under another distribution
+        than the one it was drawn from (or for another model)."""
+        vocab = self.spec.vocab_size
+        bad = [t for t in sample.tokens if not 0 <= t < vocab]
+        if bad:
+            raise TrainerError(
+                f"sample {i} has token ids {bad[:3]} outside the model's vocabulary [0, {vocab}): "
+                "were the samples tokenized for another model?"
+            )
+        drawn_at = (sample.sampler or {}).get("temperature", self.config.temperature)
+        if abs(drawn_at - self.config.temperature) > 1e-6:
+            raise TrainerError(
+                f"sample {i} was sampled at temperature {drawn_at}, but trainer.temperature="
+                f"{self.config.temperature}: its log-probs would be of another distribution; "
+                "train on samples drawn at trainer.temperature (greedy eval samples are not "
+                "training data)"
+            )
 
     def _target_hidden(self, hidden: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """``[N, H]``: the final hidden state at each position that predicts a real target
@@ -252,6 +266,7 @@ class Trainer:
             entropy_grad=self.config.loss.entropy_coef != 0,
             recompute=self.config.logprob_recompute,
             logit_softcap=self.spec.logit_softcap,
+            truncation=mb.truncation.select(real) if mb.truncation is not None else None,
         )
         block = torch.zeros(real.shape, dtype=lp.dtype, device=lp.device)
         return block.masked_scatter(real, lp), block.masked_scatter(real, ent)
