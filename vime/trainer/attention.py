@@ -8,7 +8,9 @@ attention natively, and is what HF transformers use by default, so the numerics 
 to the reference. vime trains causal micro-batches, right-padded (the mask is ``is_causal``
 and Megatron's explicit mask argument is ignored) or packed: Megatron's ``thd`` layout, the
 samples concatenated with their cumulative lengths in ``packed_seq_params``, where each
-sample attends only to itself (:func:`packed_causal_sdpa`).
+sample attends only to itself (:func:`packed_causal_sdpa`). A token tree
+(``trainer.shared_prefix``) comes with an explicit mask: each node attends to its
+ancestors (:func:`masked_sdpa`).
 
 Gemma's layers may also limit attention to the last ``window`` positions (sliding-window
 layers) or cap the scores with ``softcap · tanh(score / softcap)`` (Gemma 2):
@@ -87,6 +89,54 @@ def packed_causal_sdpa(
     return torch.cat(outs)
 
 
+# Queries per block of masked_sdpa: each block reads only the keys some of its queries see.
+TREE_QUERY_BLOCK = 256
+
+
+def masked_sdpa(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    masked: torch.Tensor,
+    *,
+    softmax_scale: float | None,
+) -> torch.Tensor:
+    """Attention of Megatron-layout ``[s, b, heads, d]`` under an explicit mask (``[s, s]``
+    or ``[1, 1, s, s]`` bool, True = may not attend; ``[b, 1, s, s]``: one per row)
+    → ``[s, b, heads·d]``.
+
+    Made for token trees, where a query sees only its ancestors: with one mask for all
+    rows, queries go in blocks of :data:`TREE_QUERY_BLOCK`, each with only the keys its
+    queries see, so a tree of many short branches costs far less than the whole ``s × s``
+    score matrix. Every query must see at least one key (itself, in a tree).
+
+    Example:
+        >>> import torch
+        >>> x = torch.randn(4, 1, 2, 8)
+        >>> causal = torch.triu(torch.ones(4, 4, dtype=torch.bool), diagonal=1)
+        >>> out = masked_sdpa(x, x, x, causal, softmax_scale=None)
+        >>> bool(torch.allclose(out, causal_sdpa(x, x, x, softmax_scale=None), atol=1e-6))
+        True
+    """
+    s, b = query.shape[0], query.shape[1]
+    q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # → [b, heads, s, d]
+    sdpa = partial(
+        F.scaled_dot_product_attention, scale=softmax_scale, enable_gqa=q.shape[1] != k.shape[1]
+    )
+    sees = ~masked.reshape(-1, 1, s, s)
+    if sees.shape[0] > 1:  # a mask per row: one call
+        out = sdpa(q, k, v, attn_mask=sees)
+    else:
+        outs = []
+        for lo in range(0, s, TREE_QUERY_BLOCK):
+            rows = sees[0, 0, lo : lo + TREE_QUERY_BLOCK]
+            keys = rows.any(dim=0).nonzero()[:, 0]
+            block = q[:, :, lo : lo + TREE_QUERY_BLOCK]
+            outs.append(sdpa(block, k[:, :, keys], v[:, :, keys], attn_mask=rows[:, keys]))
+        out = torch.cat(outs, dim=2)
+    return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+
 def local_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -141,7 +191,8 @@ def sdpa_core_attention_class() -> type:
     from megatron.core.transformer.module import MegatronModule
 
     class SDPACoreAttention(MegatronModule):
-        """Drop-in for ``DotProductAttention`` (causal, no dropout; padded or ``thd``-packed)."""
+        """Drop-in for ``DotProductAttention`` (causal, no dropout; padded, ``thd``-packed,
+        or a token tree with its mask)."""
 
         def __init__(
             self,
@@ -174,6 +225,10 @@ def sdpa_core_attention_class() -> type:
                 raise NotImplementedError("SDPACoreAttention: attention bias")
             if self.window is not None or self.softcap is not None:
                 return self._local(query, key, value, packed_seq_params)
+            if attention_mask is not None:  # only a token tree passes one to SDPA
+                return masked_sdpa(
+                    query, key, value, attention_mask, softmax_scale=self.softmax_scale
+                )
             if packed_seq_params is not None:
                 return packed_causal_sdpa(
                     query,

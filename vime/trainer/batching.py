@@ -1,6 +1,6 @@
 """Grouping variable-length samples into micro-batches under a token budget.
 
-Two layouts of a micro-batch's model input:
+Three layouts of a micro-batch's model input:
 
 - **packed** (the default): the samples are concatenated into one ``[1, T]`` row with no
   padding; positions restart at 0 for each sample and the attention is causal *within*
@@ -9,6 +9,10 @@ Two layouts of a micro-batch's model input:
 - **padded**: a right-padded ``[B, S]`` block. Attention is causal, so padding at the end of
   a row never changes the row's real tokens. The budget counts ``B × S``, what the forward
   pass costs.
+- **tree** (``trainer.shared_prefix``): the samples' token trie, each shared prefix once
+  (:mod:`vime.trainer.prefix_tree`): a ``[1, nodes]`` row with each node at its depth and
+  an attention mask to its ancestors; targets that are the same node's same next token
+  are scored once (``target_first`` / ``target_inverse``). The budget counts real tokens.
 
 Either way the target-aligned tensors (targets, masks, log-probs, advantages) are ``[B, S-1]``
 blocks, one row per sample, so the losses never see the layout: ``source_index`` says which
@@ -32,6 +36,7 @@ from typing import Any
 
 import torch
 
+from vime.trainer.prefix_tree import PrefixTree, distinct_targets
 from vime.trainer.sampler_replay import Truncation, truncates
 from vime.types import Sample
 
@@ -153,6 +158,12 @@ class MicroBatch:
     # [B, S-1] blocks of each row's sampler truncation (trainer.sampler_replay); None when
     # no row was sampled with top_p < 1, top_k or min_p.
     truncation: Truncation | None = None
+    # Tree layout only: each node's depth, the rotary position the model gives it ([T]);
+    # and the distinct targets: the real targets' positions that are scored ([D]), and
+    # which of those each real target is ([N]).
+    rope_positions: torch.Tensor | None = None
+    target_first: torch.Tensor | None = None
+    target_inverse: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -201,6 +212,44 @@ def _packed_layout(lengths: list[int], pad: int) -> dict[str, Any]:
     )
 
 
+def _tree_layout(rows: Sequence[Sample], replay_samplers: bool) -> dict[str, Any]:
+    tree = PrefixTree.build([s.tokens for s in rows])
+    depths = torch.tensor(tree.depths)
+    samplers = [_sampler_key(s.sampler) if replay_samplers else None for s in rows]
+    first, inverse = distinct_targets(tree.paths, [s.tokens for s in rows], samplers)
+    return dict(
+        input_ids=torch.tensor(tree.tokens)[None],
+        position_ids=depths[None],
+        attention_mask=tree.attention_mask()[None, None],
+        source_index=torch.tensor([n for path in tree.paths for n in path[:-1]]),
+        cu_seqlens=None,
+        rope_positions=depths,
+        target_first=torch.tensor(first),
+        target_inverse=torch.tensor(inverse),
+    )
+
+
+def _sampler_key(sampler: dict[str, float] | None) -> tuple[tuple[str, float], ...] | None:
+    return tuple(sorted(sampler.items())) if sampler else None
+
+
+def _layout(
+    rows: Sequence[Sample], ids: torch.Tensor, pad_id: int, options: dict[str, Any]
+) -> dict[str, Any]:
+    """The model input and how targets map onto its output, for ``collate``'s options."""
+    lengths = [len(s.tokens) for s in rows]
+    if options["tree"]:
+        return _tree_layout(rows, options["replay_samplers"])
+    if options["packed"]:
+        pad_to = options["pad_to"]
+        flat = [t for s in rows for t in s.tokens]
+        return dict(
+            input_ids=torch.tensor(flat + [pad_id] * (-len(flat) % pad_to))[None],
+            **_packed_layout(lengths, -sum(lengths) % pad_to),
+        )
+    return dict(input_ids=ids, **_padded_layout(lengths, ids.shape[1], options["causal_mask"]))
+
+
 def collate(
     samples: Sequence[Sample],
     indices: list[int],
@@ -211,6 +260,7 @@ def collate(
     packed: bool = False,
     pad_to: int = 1,
     replay_samplers: bool = False,
+    tree: bool = False,
 ) -> MicroBatch:
     """Build the :class:`MicroBatch` of ``samples[i] for i in indices``.
 
@@ -225,6 +275,7 @@ def collate(
     sequence parallelism splits the sequence over TP ranks); packed, the filler is one
     more sequence of its own. The target-aligned tensors never include the filler.
     ``replay_samplers``: ``truncation`` holds the rows' ``Sample.sampler`` where one truncates.
+    ``tree=True``: the rows' shared prefixes are one (see the module docstring).
 
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
@@ -245,13 +296,14 @@ def collate(
     for r, s in enumerate(rows):
         ids[r, : len(s.tokens)] = torch.tensor(s.tokens, dtype=torch.long)
     valid = _pad_rows([[1.0] * (n - 1) for n in lengths], width - 1, torch.float32)
-    if packed:
-        layout = _packed_layout(lengths, -sum(lengths) % pad_to)
-        flat = [t for s in rows for t in s.tokens]
-        input_ids = torch.tensor(flat + [pad_id] * (-len(flat) % pad_to))[None]
-    else:
-        layout = _padded_layout(lengths, model_width, causal_mask)
-        input_ids = ids
+    options = dict(
+        tree=tree,
+        packed=packed,
+        pad_to=pad_to,
+        causal_mask=causal_mask,
+        replay_samplers=replay_samplers,
+    )
+    layout = _layout(rows, ids, pad_id, options)
 
     def shifted(values: list[list[float]]) -> torch.Tensor:
         return _pad_rows([v[1:] for v in values], width - 1, torch.float32)
@@ -271,7 +323,6 @@ def collate(
         truncation = Truncation.of([s.sampler for s in rows]).expand(width - 1)
     return MicroBatch(
         indices=list(indices),
-        input_ids=input_ids,
         **layout,
         targets=ids[:, 1:width].contiguous(),
         loss_mask=shifted([list(map(float, s.loss_mask)) for s in rows]),
@@ -322,7 +373,7 @@ def to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
     if device.type == "cpu":
         return mb
     for name, value in vars(mb).items():
-        if isinstance(value, torch.Tensor) and name != "cu_seqlens":
+        if isinstance(value, torch.Tensor) and name not in ("cu_seqlens", "rope_positions"):
             setattr(mb, name, value.to(device, non_blocking=True))
     if mb.truncation is not None:
         mb.truncation = mb.truncation.to(device)

@@ -68,6 +68,10 @@ class TrainerConfig:
     logprob_chunk_tokens: int = 1024
     logprob_recompute: bool = True
     pack_sequences: bool = False
+    # Each micro-batch runs as one token tree: a prefix its samples share (a group's prompt,
+    # the earlier turns of per-turn samples) is computed once (vime.trainer.prefix_tree).
+    # Same log-probs and gradients as without it; one TP/PP/EP rank, non-Gemma families.
+    shared_prefix: bool = False
     recompute: str = "none"
     temperature: float = 1.0
     # Score each sample under the truncation its engine sampled with (top_p, top_k, min_p
@@ -109,6 +113,12 @@ class TrainerConfig:
         require_choice(self.dtype, "trainer.dtype", list(DTYPES))
         require_choice(self.attention, "trainer.attention", ATTENTION_BACKENDS)
         require_choice(self.recompute, "trainer.recompute", RECOMPUTE_MODES)
+        require(
+            not (self.shared_prefix and (self.pack_sequences or self.attention == "megatron")),
+            "trainer.shared_prefix",
+            "is its own layout with its own attention: set trainer.pack_sequences=false and "
+            "trainer.attention=sdpa with it (or trainer.shared_prefix=false)",
+        )
         require(
             not (self.pack_sequences and self.attention == "megatron"),
             "trainer.pack_sequences",

@@ -408,9 +408,24 @@ def _policy_model_class() -> type:
         :func:`vime.trainer.logprobs.gather_sequence_parallel`), and :meth:`output_weight`
         gives this TP rank's vocab slice of the output projection, so log-probs can be
         computed chunk by chunk.
+
+        ``rope_positions`` (``[s]``, set per micro-batch) gives each token of the one
+        sequence its own rotary position instead of its index: a token tree's nodes sit at
+        their depths (:mod:`vime.trainer.prefix_tree`).
         """
 
         return_hidden: bool = False
+        rope_positions: torch.Tensor | None = None
+
+        def _preprocess(self, *args, **kwargs):  # type: ignore[override]
+            out = super()._preprocess(*args, **kwargs)
+            if self.rope_positions is None or out[1] is None:
+                return out
+            depth = int(self.rope_positions.max()) + 1
+            table = self.rotary_pos_emb(depth)  # [depth, 1, 1, dim]
+            if isinstance(table, tuple):  # YaRN's (embedding, mscale)
+                table = table[0]
+            return (out[0], table[self.rope_positions.to(table.device)], *out[2:])
 
         def _postprocess(self, hidden_states, **kwargs):  # type: ignore[override]
             if self.post_process and self.return_hidden:

@@ -56,7 +56,17 @@ from vime.trainer.parallel import ParallelInfo, init_distributed
 from vime.types import Sample
 
 # Order of the per-step sums that are reduced across micro-batches and ranks.
-_SUMS = ("loss", "loss_tokens", "clipped", "tis_clipped", "kl", "entropy", "abs_diff", "rows")
+_SUMS = (
+    "loss",
+    "loss_tokens",
+    "clipped",
+    "tis_clipped",
+    "kl",
+    "entropy",
+    "abs_diff",
+    "rows",
+    "model_tokens",  # positions the model ran (a token tree's nodes; else the rows' tokens)
+)
 
 
 def _finalize_grads(models: list[Any], num_tokens: Any = None, **kwargs: Any) -> None:
@@ -107,6 +117,7 @@ class Trainer:
             model = model.cuda()
         self.device = torch.device("cuda" if cuda_available() else "cpu")
         self.spec = model.hf_spec
+        _check_shared_prefix(self.config, {"tp": tp, "pp": pp, "ep": ep}, self.spec)
         self.mcore_config = model.config
         self.mcore_config.finalize_model_grads_func = _finalize_grads
         self.mcore_config.variable_seq_lengths = True  # micro-batches differ in shape
@@ -202,7 +213,10 @@ class Trainer:
             self._check_sample(i, samples[i])
         lengths = [len(samples[i].tokens) for i in indices]
         packed = self.config.pack_sequences
-        groups = pack_indices(lengths, self.config.micro_batch_tokens, packed=packed)
+        # A tree is at most its samples' tokens: packed's budget bounds it.
+        groups = pack_indices(
+            lengths, self.config.micro_batch_tokens, packed=packed or self.config.shared_prefix
+        )
         # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
         mask = self.config.attention == "megatron"
         # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
@@ -217,6 +231,7 @@ class Trainer:
                     packed=packed,
                     pad_to=pad_to,
                     replay_samplers=self.config.sampler_replay,
+                    tree=self.config.shared_prefix,
                 ),
                 self.device,
             )
@@ -252,13 +267,18 @@ class Trainer:
         """``[B, S-1]`` log-probs (and entropies) of the micro-batch's targets.
 
         Only real targets are computed (padding and the last token of each packed sample
-        predict nothing); the rest of the block is 0."""
+        predict nothing), each distinct one once in a token tree; the rest of the block is 0."""
         h = self._target_hidden(hidden, mb)
         real = mb.valid.bool()
+        targets = mb.targets[real]
+        truncation = mb.truncation.select(real) if mb.truncation is not None else None
+        if mb.target_first is not None:  # a tree: each distinct target once
+            h, targets = h[mb.target_first], targets[mb.target_first]
+            truncation = truncation.select(mb.target_first) if truncation is not None else None
         lp, ent = token_logprobs(
             h,
             self.module.output_weight(),
-            mb.targets[real],
+            targets,
             temperature=self.config.temperature,
             chunk_size=self.config.logprob_chunk_tokens,
             vocab_size=self.spec.vocab_size,
@@ -266,8 +286,10 @@ class Trainer:
             entropy_grad=self.config.loss.entropy_coef != 0,
             recompute=self.config.logprob_recompute,
             logit_softcap=self.spec.logit_softcap,
-            truncation=mb.truncation.select(real) if mb.truncation is not None else None,
+            truncation=truncation,
         )
+        if mb.target_inverse is not None:
+            lp, ent = lp[mb.target_inverse], ent[mb.target_inverse]
         block = torch.zeros(real.shape, dtype=lp.dtype, device=lp.device)
         return block.masked_scatter(real, lp), block.masked_scatter(real, ent)
 
@@ -276,6 +298,7 @@ class Trainer:
 
         def forward_step(data_iterator: Any, model: Any):
             mb = next(data_iterator)
+            self.module.rope_positions = mb.rope_positions  # a tree's depths, else None
             hidden = model(
                 mb.input_ids,
                 mb.position_ids,
@@ -376,6 +399,7 @@ class Trainer:
                 # mini-batch's own log-probs include the step's earlier updates.
                 ((old - mb.rollout_logprobs).abs() * m).sum(),
                 torch.tensor(float(len(mb.indices)), device=loss.device),
+                torch.tensor(float(_model_tokens(mb)), device=loss.device),
             ]
         ).double()
         num_tokens = m.sum().to(torch.int)
@@ -428,6 +452,15 @@ class Trainer:
             "train_rollout_logprob_abs_diff": sums["abs_diff"] / tokens,
             "num_loss_tokens": sums["loss_tokens"],
             "num_tokens": float(sum(len(x.tokens) for x in samples)),
+            # trainer.shared_prefix: the share of the samples' tokens it did not recompute.
+            **(
+                {
+                    "prefix_shared_frac": 1.0
+                    - sums["model_tokens"] / sum(len(x.tokens) for x in samples)
+                }
+                if self.config.shared_prefix
+                else {}
+            ),
             "num_samples": sums["rows"],
             "num_micro_batches": float(sum(st[2] for st in steps)),
             "updates": float(n),
@@ -563,6 +596,21 @@ class Trainer:
             PosixPath('runs/x/hf/step_3')
         """
         return export_hf(self.module, folder, like=self.hf_folder)
+
+
+def _check_shared_prefix(config: TrainerConfig, split: dict[str, int], spec: Any) -> None:
+    """trainer.shared_prefix runs on one model-parallel rank, for the families whose
+    attention is plain SDPA (a tree under TP/PP/EP or Gemma's local layers is not built)."""
+    if config.shared_prefix and (max(split.values()) > 1 or spec.gemma is not None):
+        raise TrainerError(
+            f"trainer.shared_prefix needs tp = pp = ep = 1 and a non-Gemma model (got {split}, "
+            f"gemma={spec.gemma is not None}): set trainer.shared_prefix=false"
+        )
+
+
+def _model_tokens(mb: MicroBatch) -> int:
+    """Positions ``mb`` runs through the model: a tree's nodes, or its rows' real tokens."""
+    return len(mb.rope_positions) if mb.rope_positions is not None else mb.num_tokens
 
 
 def use_fused_adam(optimizer: Any) -> None:
