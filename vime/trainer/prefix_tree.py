@@ -73,6 +73,41 @@ class PrefixTree:
         return ~sees
 
 
+def tree_indices(sequences: Sequence[Sequence[int]], token_budget: int) -> list[list[int]]:
+    """Group sequence indices into trees of at most ``token_budget`` nodes, keeping the
+    sequences that share prefixes together: in lexicographic order a sequence shares the
+    most with the one just before it, so a tree grows by what it does not share with that
+    one. A sequence longer than the budget gets a tree of its own.
+
+    Example:
+        >>> tree_indices([[1, 2, 3], [4, 5], [1, 2, 4]], token_budget=4)  # 1 2 3 + 4: 4 nodes
+        [[0, 2], [1]]
+    """
+    order = sorted(range(len(sequences)), key=lambda i: list(sequences[i]))
+    trees: list[list[int]] = []
+    size, previous = 0, -1
+    for i in order:
+        shared = _common_prefix(sequences[previous], sequences[i]) if trees else 0
+        grows = len(sequences[i]) - shared
+        if trees and size + grows <= token_budget:
+            trees[-1].append(i)
+            size += grows
+        else:
+            trees.append([i])
+            size = len(sequences[i])
+        previous = i
+    return [sorted(t) for t in trees]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def distinct_targets(
     paths: Sequence[Sequence[int]],
     sequences: Sequence[Sequence[int]],

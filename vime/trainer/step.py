@@ -53,6 +53,7 @@ from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_l
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
 from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
+from vime.trainer.prefix_tree import tree_indices
 from vime.types import Sample
 
 # Order of the per-step sums that are reduced across micro-batches and ranks.
@@ -212,11 +213,11 @@ class Trainer:
         for i in indices:
             self._check_sample(i, samples[i])
         lengths = [len(samples[i].tokens) for i in indices]
-        packed = self.config.pack_sequences
-        # A tree is at most its samples' tokens: packed's budget bounds it.
-        groups = pack_indices(
-            lengths, self.config.micro_batch_tokens, packed=packed or self.config.shared_prefix
-        )
+        packed, budget = self.config.pack_sequences, self.config.micro_batch_tokens
+        if self.config.shared_prefix:  # samples sharing prefixes together, budget in nodes
+            groups = tree_indices([samples[i].tokens for i in indices], budget)
+        else:
+            groups = pack_indices(lengths, budget, packed=packed)
         # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
         mask = self.config.attention == "megatron"
         # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
