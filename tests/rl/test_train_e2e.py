@@ -84,15 +84,55 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     assert _buffer_task_ids(first.run_dir, 4) == sorted(t["id"] for t in source.take(4))
 
 
+def _overlaps(run: Path) -> tuple[int, int, int]:
+    """From the run's traces (all steps; wall-clock µs, the trainer's spans included): the
+    engine requests that overlap a trainer micro-batch in time, of how many of each."""
+    spans = [
+        e
+        for path in sorted((run / "traces").glob("step_*.json"))
+        for e in json.loads(path.read_text())["traceEvents"]
+        if e["ph"] == "X"
+    ]
+    requests = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "engine_request"]
+    micro = [(e["ts"], e["ts"] + e["dur"]) for e in spans if e["cat"] == "train_micro_batch"]
+    both = sum(any(a < d and c < b for c, d in micro) for a, b in requests)
+    return both, len(requests), len(micro)
+
+
 def test_math_async_mode(shared_engine, tmp_path):
+    """Async mode plays the next step's groups while the trainer trains: engine requests
+    overlap trainer micro-batches in the trace (in sync mode none do), and step 2 trains
+    on groups sampled one weight version back (sync: [0, 0, 0])."""
     cfg = load_config(
-        quick_train(shared_engine.url, tmp_path, "env=math", "steps=3", "rollout.mode=async")
+        quick_train(
+            shared_engine.url,
+            tmp_path,
+            "env=math",
+            "steps=3",
+            "rollout.mode=async",
+            "trace.enabled=true",
+            # Small micro-batches (8 a step, not 1): a longer train step for the next
+            # step's groups to play in (with one, step 2 trained in 0.1 s).
+            "trainer.micro_batch_tokens=128",
+        )
     )
-    rows = train(cfg).metrics
+    result = train(cfg)
+    rows = result.metrics
     assert [r["weight_version"] for r in rows] == [1, 2, 3]
     assert all(r["samples/trained"] > 0 for r in rows)
     # Every batch reports its own collection time (the console's tok/s divides by it).
     assert all(r["rollout/collect_s"] > 0 for r in rows)
+    both, requests, micro = _overlaps(result.run_dir)
+    print(f"{both} of {requests} engine requests overlap one of {micro} trainer micro-batches")
+    assert both > 0, (requests, micro)
+    # The stream admits max_staleness + 1 batches at v0 at once: step 2 takes the second.
+    # Step 3's groups are admitted at v1 as step 2 takes its batch and play while it
+    # trains; their staleness is 1 if a token of theirs was sampled before step 2's sync
+    # landed, 0 if the sync's abort came first (seen with one micro-batch per step: the
+    # train step took 0.1 s, shorter than their prefill), and never more than max_staleness.
+    staleness = [r["rollout/staleness_max"] for r in rows]
+    print("staleness", staleness)
+    assert staleness[:2] == [0, 1] and staleness[2] <= 1, staleness
 
 
 # A random tiny model almost never writes a well-formed tool call: vLLM's structured
