@@ -29,13 +29,18 @@ def _buffer_task_ids(run: Path, step: int) -> list[str]:
 
 # The engine truncates what it samples from; the trainer replays the truncation
 # (trainer.sampler_replay). Scored over the whole vocabulary instead, these tokens' gap is
-# about 3 nats (tests/trainer/test_trainer_vllm_logprobs.py).
-TRUNCATED = ["rollout.collector.sampling.top_p=0.9", "rollout.collector.sampling.top_k=20"]
+# about 3 nats (tests/trainer/test_trainer_vllm_logprobs.py). Each group's samples share
+# their prompt, run once (trainer.shared_prefix).
+OPTIONS = [
+    "rollout.collector.sampling.top_p=0.9",
+    "rollout.collector.sampling.top_k=20",
+    "trainer.shared_prefix=true",
+]
 
 
 def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     cfg = load_config(
-        quick_train(shared_engine.url, tmp_path, "env=math", "steps=3", "save_every=2", *TRUNCATED)
+        quick_train(shared_engine.url, tmp_path, "env=math", "steps=3", "save_every=2", *OPTIONS)
     )
     first = train(cfg)
 
@@ -46,6 +51,7 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
     # Same weights, float32 on both sides: trainer and vLLM log-probs agree closely, on
     # the first step and after every weight sync (a stale engine tensor shows up here).
     assert rows[0]["train/train_rollout_logprob_abs_diff"] < 1e-5
+    assert all(r["train/prefix_shared_frac"] > 0.5 for r in rows)
     episode = DataBuffer(first.run_dir, readonly=True).read_step(1)[0]
     assert episode.sampler == {"temperature": 1.0, "top_p": 0.9, "top_k": 20, "min_p": 0.0}
     assert all(r["train/train_rollout_logprob_abs_diff"] < 1e-4 for r in rows)
@@ -64,7 +70,7 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
                 "env=math",
                 "steps=4",
                 f"resume={first.run_dir}",
-                *TRUNCATED,
+                *OPTIONS,
             )
         )
     )
