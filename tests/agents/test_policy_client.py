@@ -62,7 +62,7 @@ def client_with(handler, **config) -> tuple[PolicyClient, list[dict]]:
             **config,
         )
     )
-    client._clients[URL] = openai.AsyncOpenAI(
+    client._transport._clients[URL] = openai.AsyncOpenAI(
         base_url=f"{URL}/v1",
         api_key="x",
         max_retries=0,

@@ -62,7 +62,6 @@ Example (skipped as a doctest: it needs a running vLLM server):
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import re
 import time
@@ -85,16 +84,10 @@ from vime.agents.completion import (
 from vime.agents.liveness import EngineHungError, Heartbeat
 from vime.agents.routing import Router
 from vime.agents.server_probes import HEALTH_PROBE_S, ServerProbes
+from vime.agents.transport import TRANSPORTS, Transport, error_detail
 from vime.config import require, require_choice
 from vime.errors import EngineError
 from vime.types import SamplingParams
-
-# Idle connections are dropped after this long: below the 5 s after which vLLM's server
-# (uvicorn) closes them by default, so a request never goes out on a connection the server
-# is closing. (aiohttp's own default, 15 s, races with it.)
-KEEPALIVE_S = 4.0
-
-TRANSPORTS = ("direct", "sdk")
 
 log = logging.getLogger(__name__)
 
@@ -199,15 +192,17 @@ class PolicyClient:
         # Sessions, load, down marks and versions are the router's; the client sends.
         self._router = Router(config.urls, config.down_s)
         self.urls = self._router.urls
-        self._clients: dict[str, openai.AsyncOpenAI] = {}
-        self._session: aiohttp.ClientSession | None = None  # the direct transport's
-        self._loop: asyncio.AbstractEventLoop | None = None  # the loop it belongs to
-        self._headers: dict[str, dict[str, str]] = {}  # url -> the SDK's request headers
+        self._transport = Transport(
+            config.http_transport,
+            max_connections=config.max_connections,
+            timeout_s=lambda: self.config.request_timeout_s,
+            api_key=config.api_key,
+        )
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
         self._probes = ServerProbes(
-            self._aiohttp_session,
+            self._transport.session,
             health_timeout_s=min(HEALTH_PROBE_S, config.request_timeout_s),
         )
         self._heartbeat = Heartbeat(self._probes, lambda: self.config.heartbeat_s)
@@ -223,45 +218,6 @@ class PolicyClient:
         return cls(PolicyClientConfig(urls=list(urls), **kwargs))
 
     # ------------------------------------------------------------------ servers
-
-    def _client(self, url: str) -> openai.AsyncOpenAI:
-        client = self._clients.get(url)
-        if client is None:
-            n = self.config.max_connections
-            # The SDK's aiohttp client: httpx's own pool scans every pooled connection on
-            # each request, which costs milliseconds at hundreds of connections.
-            http = openai.DefaultAioHttpClient(
-                limits=httpx2.Limits(
-                    max_connections=n, max_keepalive_connections=n, keepalive_expiry=KEEPALIVE_S
-                ),
-                timeout=self.config.request_timeout_s,
-            )
-            # The SDK's own retries are off: tenacity below owns the retry policy.
-            client = openai.AsyncOpenAI(
-                base_url=f"{url}/v1",
-                api_key=self.config.api_key,
-                max_retries=0,
-                timeout=self.config.request_timeout_s,
-                http_client=http,
-            )
-            self._clients[url] = client
-        return client
-
-    def _aiohttp_session(self) -> aiohttp.ClientSession:
-        """The direct transport's connection pool for the running event loop."""
-        loop = asyncio.get_running_loop()
-        session = self._session
-        if session is None or session.closed or self._loop is not loop:
-            # A session belongs to one event loop; a new asyncio.run() needs a new one.
-            n = self.config.max_connections
-            connector = aiohttp.TCPConnector(
-                limit=n, limit_per_host=n, keepalive_timeout=KEEPALIVE_S
-            )
-            session = aiohttp.ClientSession(
-                connector=connector, timeout=aiohttp.ClientTimeout(total=None)
-            )
-            self._session, self._loop = session, loop
-        return session
 
     def server_for(self, session: str) -> str:
         """The server ``session`` is pinned to (see :meth:`Router.server_for`).
@@ -320,7 +276,7 @@ class PolicyClient:
         last: Exception | None = None
         for url in self.urls:
             try:
-                page = await self._client(url).models.list()
+                page = await self._transport.client(url).models.list()
             except openai.OpenAIError as err:
                 last = err
                 continue
@@ -459,13 +415,13 @@ class PolicyClient:
                 if mark_down:
                     self._mark_down(url)
                 raise EngineUnavailableError(
-                    f"{url}: HTTP {err.status_code} after {tries[0]} attempts: {_detail(err)}"
+                    f"{url}: HTTP {err.status_code} after {tries[0]} attempts: {error_detail(err)}"
                 ) from err
-            if err.status_code in (400, 413) and _CONTEXT_RE.search(_detail(err)):
+            if err.status_code in (400, 413) and _CONTEXT_RE.search(error_detail(err)):
                 raise ContextLengthError(
-                    f"{url}: prompt of {prompt_len} tokens does not fit: {_detail(err)}"
+                    f"{url}: prompt of {prompt_len} tokens does not fit: {error_detail(err)}"
                 ) from err
-            raise EngineError(f"{url}: HTTP {err.status_code}: {_detail(err)}") from err
+            raise EngineError(f"{url}: HTTP {err.status_code}: {error_detail(err)}") from err
         except openai.APIConnectionError as err:
             if mark_down:
                 self._mark_down(url)
@@ -517,42 +473,7 @@ class PolicyClient:
         )
 
     async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        if self.config.http_transport == "direct":
-            return await self._post_direct(url, body)
-        # The SDK's generic post with a raw response: errors still map to the SDK's
-        # exceptions, but the SDK neither walks the params (its type-driven transform is
-        # slow on a long token-id prompt) nor builds pydantic objects for the response.
-        # On a small host that client CPU is taken from the engine.
-        raw = await self._client(url).post("/completions", cast_to=httpx2.Response, body=body)
-        return json.loads(raw.content)
-
-    async def _post_direct(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with aiohttp; failures raise the SDK's exceptions, as the SDK path does."""
-        endpoint = f"{url}/v1/completions"
-        headers = self._headers.get(url)
-        if headers is None:
-            headers = self._headers[url] = _sdk_headers(self._client(url))
-        timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
-        try:
-            async with self._aiohttp_session().post(
-                endpoint, data=json.dumps(body).encode(), headers=headers, timeout=timeout
-            ) as resp:
-                status, content = resp.status, await resp.read()
-        except TimeoutError as err:
-            raise openai.APITimeoutError(request=httpx2.Request("POST", endpoint)) from err
-        except aiohttp.ClientError as err:
-            raise openai.APIConnectionError(
-                message=f"{type(err).__name__}: {err}", request=httpx2.Request("POST", endpoint)
-            ) from err
-        if status >= 400:
-            try:
-                detail: Any = json.loads(content)
-            except ValueError:
-                detail = content.decode(errors="replace")
-            response = httpx2.Response(status, request=httpx2.Request("POST", endpoint))
-            message = _detail_of(detail) or f"HTTP {status}"
-            raise openai.APIStatusError(message, response=response, body=detail)
-        return json.loads(content)
+        return await self._transport.post(url, body)
 
     async def aclose(self) -> None:
         """Close the HTTP connections.
@@ -561,39 +482,4 @@ class PolicyClient:
             >>> import asyncio
             >>> asyncio.run(PolicyClient.from_urls("http://127.0.0.1:8000").aclose())
         """
-        for client in self._clients.values():
-            await client.close()
-        self._clients.clear()
-        if self._session is not None and not self._session.closed:
-            try:
-                await self._session.close()
-            except RuntimeError:  # its event loop is already closed
-                pass
-        self._session = None
-
-
-def _sdk_headers(client: openai.AsyncOpenAI) -> dict[str, str]:
-    """The headers the SDK sends on every request (auth, content type, user agent, ...).
-
-    Example:
-        >>> h = _sdk_headers(openai.AsyncOpenAI(base_url="http://h:1/v1", api_key="k"))
-        >>> h["Authorization"], h["Content-Type"]
-        ('Bearer k', 'application/json')
-    """
-    merged = {**client.default_headers, **client.auth_headers}
-    return {k: v for k, v in merged.items() if isinstance(v, str)}  # drops the SDK's Omit()
-
-
-def _detail(err: openai.APIStatusError) -> str:
-    return _detail_of(err.body) or str(err)
-
-
-def _detail_of(body: Any) -> str:
-    """The error message inside an OpenAI-style error body ("" if none)."""
-    if isinstance(body, dict):
-        msg = body.get("message") or body.get("error", {})
-        if isinstance(msg, dict):
-            msg = msg.get("message")
-        if msg:
-            return str(msg)
-    return body if isinstance(body, str) else ""
+        await self._transport.aclose()
