@@ -40,20 +40,17 @@ from vime.trainer import checkpoint as ckpt
 from vime.trainer.batching import (
     MicroBatch,
     balance_by_tokens,
-    collate,
-    pack_indices,
     packed_seq_params,
     split_minibatches,
-    to_device,
 )
 from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_tracker
 from vime.trainer.config import DTYPES, TrainerConfig
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_logprobs
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
+from vime.trainer.micro_batches import check_shared_prefix, micro_batches, model_tokens
 from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
-from vime.trainer.prefix_tree import tree_indices
 from vime.types import Sample
 
 # Order of the per-step sums that are reduced across micro-batches and ranks.
@@ -118,7 +115,7 @@ class Trainer:
             model = model.cuda()
         self.device = torch.device("cuda" if cuda_available() else "cpu")
         self.spec = model.hf_spec
-        _check_shared_prefix(self.config, {"tp": tp, "pp": pp, "ep": ep}, self.spec)
+        check_shared_prefix(self.config, {"tp": tp, "pp": pp, "ep": ep}, self.spec)
         self.mcore_config = model.config
         self.mcore_config.finalize_model_grads_func = _finalize_grads
         self.mcore_config.variable_seq_lengths = True  # micro-batches differ in shape
@@ -210,53 +207,16 @@ class Trainer:
         indices: list[int],
         old_logprobs: Sequence[Sequence[float]] | None,
     ) -> list[MicroBatch]:
-        for i in indices:
-            self._check_sample(i, samples[i])
-        lengths = [len(samples[i].tokens) for i in indices]
-        packed, budget = self.config.pack_sequences, self.config.micro_batch_tokens
-        if self.config.shared_prefix:  # samples sharing prefixes together, budget in nodes
-            groups = tree_indices([samples[i].tokens for i in indices], budget)
-        else:
-            groups = pack_indices(lengths, budget, packed=packed)
-        # Only megatron-core's own attention reads the S × S mask; SDPA is causal by itself.
-        mask = self.config.attention == "megatron"
-        # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
-        pad_to = self.parallel.tp if self.mcore_config.sequence_parallel else 1
-        return [
-            to_device(
-                collate(
-                    samples,
-                    [indices[j] for j in g],
-                    old_logprobs=old_logprobs,
-                    causal_mask=mask,
-                    packed=packed,
-                    pad_to=pad_to,
-                    replay_samplers=self.config.sampler_replay,
-                    tree=self.config.shared_prefix,
-                ),
-                self.device,
-            )
-            for g in groups
-        ]
-
-    def _check_sample(self, i: int, sample: Sample) -> None:
-        """TrainerError for a sample this trainer would score under another distribution
-        than the one it was drawn from (or for another model)."""
-        vocab = self.spec.vocab_size
-        bad = [t for t in sample.tokens if not 0 <= t < vocab]
-        if bad:
-            raise TrainerError(
-                f"sample {i} has token ids {bad[:3]} outside the model's vocabulary [0, {vocab}): "
-                "were the samples tokenized for another model?"
-            )
-        drawn_at = (sample.sampler or {}).get("temperature", self.config.temperature)
-        if abs(drawn_at - self.config.temperature) > 1e-6:
-            raise TrainerError(
-                f"sample {i} was sampled at temperature {drawn_at}, but trainer.temperature="
-                f"{self.config.temperature}: its log-probs would be of another distribution; "
-                "train on samples drawn at trainer.temperature (greedy eval samples are not "
-                "training data)"
-            )
+        return micro_batches(
+            samples,
+            indices,
+            old_logprobs,
+            self.config,
+            vocab_size=self.spec.vocab_size,
+            # Sequence parallelism splits each micro-batch's sequence over the TP ranks.
+            pad_to=self.parallel.tp if self.mcore_config.sequence_parallel else 1,
+            device=self.device,
+        )
 
     def _target_hidden(self, hidden: torch.Tensor, mb: MicroBatch) -> torch.Tensor:
         """``[N, H]``: the final hidden state at each position that predicts a real target
@@ -400,7 +360,7 @@ class Trainer:
                 # mini-batch's own log-probs include the step's earlier updates.
                 ((old - mb.rollout_logprobs).abs() * m).sum(),
                 torch.tensor(float(len(mb.indices)), device=loss.device),
-                torch.tensor(float(_model_tokens(mb)), device=loss.device),
+                torch.tensor(float(model_tokens(mb)), device=loss.device),
             ]
         ).double()
         num_tokens = m.sum().to(torch.int)
@@ -597,21 +557,6 @@ class Trainer:
             PosixPath('runs/x/hf/step_3')
         """
         return export_hf(self.module, folder, like=self.hf_folder)
-
-
-def _check_shared_prefix(config: TrainerConfig, split: dict[str, int], spec: Any) -> None:
-    """trainer.shared_prefix runs on one model-parallel rank, for the families whose
-    attention is plain SDPA (a tree under TP/PP/EP or Gemma's local layers is not built)."""
-    if config.shared_prefix and (max(split.values()) > 1 or spec.gemma is not None):
-        raise TrainerError(
-            f"trainer.shared_prefix needs tp = pp = ep = 1 and a non-Gemma model (got {split}, "
-            f"gemma={spec.gemma is not None}): set trainer.shared_prefix=false"
-        )
-
-
-def _model_tokens(mb: MicroBatch) -> int:
-    """Positions ``mb`` runs through the model: a tree's nodes, or its rows' real tokens."""
-    return len(mb.rope_positions) if mb.rope_positions is not None else mb.num_tokens
 
 
 def use_fused_adam(optimizer: Any) -> None:
