@@ -304,6 +304,20 @@ def collate(
         replay_samplers=replay_samplers,
     )
     layout = _layout(rows, ids, pad_id, options)
+    old = [list(old_logprobs[i]) for i in indices] if old_logprobs is not None else None
+    return MicroBatch(
+        indices=list(indices),
+        **layout,
+        targets=ids[:, 1:width].contiguous(),
+        valid=valid,
+        **_target_fields(rows, width, old, replay_samplers),
+    )
+
+
+def _target_fields(
+    rows: Sequence[Sample], width: int, old: list[list[float]] | None, replay_samplers: bool
+) -> dict[str, Any]:
+    """The rows' per-target ``[B, width-1]`` blocks (each value of token t+1 at column t)."""
 
     def shifted(values: list[list[float]]) -> torch.Tensor:
         return _pad_rows([v[1:] for v in values], width - 1, torch.float32)
@@ -311,9 +325,6 @@ def collate(
     ref = None
     if any(s.ref_logprobs is not None for s in rows):
         ref = shifted([list(s.ref_logprobs or [0.0] * len(s.tokens)) for s in rows])
-    old = None
-    if old_logprobs is not None:
-        old = shifted([list(old_logprobs[i]) for i in indices])
     advantages = torch.tensor([float(s.advantage) for s in rows], dtype=torch.float32)
     if any(s.token_advantages is not None for s in rows):  # GAE: one advantage per token
         advantages = shifted([s.token_advantages or [s.advantage] * len(s.tokens) for s in rows])
@@ -321,15 +332,11 @@ def collate(
     truncation = None
     if replay_samplers and any(truncates(s.sampler) for s in rows):
         truncation = Truncation.of([s.sampler for s in rows]).expand(width - 1)
-    return MicroBatch(
-        indices=list(indices),
-        **layout,
-        targets=ids[:, 1:width].contiguous(),
+    return dict(
         loss_mask=shifted([list(map(float, s.loss_mask)) for s in rows]),
-        valid=valid,
         rollout_logprobs=shifted([list(s.rollout_logprobs) for s in rows]),
         advantages=advantages,
-        old_logprobs=old,
+        old_logprobs=shifted(old) if old is not None else None,
         ref_logprobs=ref,
         old_values=shifted([list(s.values or ()) for s in rows]) if with_values else None,
         returns=shifted([list(s.returns or ()) for s in rows]) if with_values else None,
