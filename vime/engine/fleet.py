@@ -5,10 +5,9 @@ ready, and answers for them afterwards: :meth:`EngineFleet.restart_dead` brings 
 that died, on the same port, so URLs handed out stay valid. Engines on other nodes and
 external engines are known here only by URL; :meth:`EngineFleet.join` adds them.
 
-Example (skipped as a doctest: it starts two vLLM servers):
-    >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny", count=2) as fleet:  # doctest: +SKIP
-    ...     fleet.urls
-    ['http://127.0.0.1:40123', 'http://127.0.0.1:40125']
+Usage (no doctest: it starts vLLM servers): ``with EngineFleet.launch(EngineConfig(),
+model_dir, count=2) as fleet:`` gives ``fleet.urls``, one per server; the class example
+builds a fleet of external URLs.
 """
 
 from __future__ import annotations
@@ -68,11 +67,6 @@ class EngineFleet:
         ``sleep_mode`` lets the servers give their GPU memory to a colocated trainer.
         ``weight_transfer`` (``nccl`` / ``ipc``) starts them ready for that GPU weight
         sync (:func:`weight_transfer_launch`); ``disk`` or empty: no flags.
-
-        Example (skipped as a doctest: it starts a vLLM server):
-            >>> with EngineFleet.launch(EngineConfig(), "/tmp/tiny") as f:  # doctest: +SKIP
-            ...     len(f.servers)
-            1
         """
         args, env = weight_transfer_launch(weight_transfer)
         config = dataclasses.replace(
@@ -224,9 +218,8 @@ def asleep(engines: Sequence[EngineClient], enabled: bool = True) -> Iterator[No
     """Engines sleep inside the block (their GPU memory goes to a colocated trainer) and
     wake up after it, before the weight sync loads new weights into them.
 
-    Example (skipped as a doctest: it needs GPU engines started with sleep mode):
-        >>> with asleep([EngineClient(url)]):  # doctest: +SKIP
-        ...     trainer.train_step(samples)
+    Usage (no doctest: it needs GPU engines started with sleep mode): ``with
+    asleep(engines): trainer.train_step(samples)``.
     """
     if not enabled:
         yield

@@ -1,8 +1,8 @@
 """The engine a run uses, for the length of a ``with`` block: attached or launched.
 
-Example (skipped as a doctest: it starts a vLLM server):
-    >>> with serve_engine(EngineConfig(), "/tmp/tiny") as server:  # doctest: +SKIP
-    ...     print(server.url)
+``with serve_engine(EngineConfig(), model_dir) as server:`` launches a server on the
+folder and stops it after the block; with ``EngineConfig(url=...)`` it attaches (the
+function's example).
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ def serve_engine(
     ``log_dir`` is where a launched server logs unless ``config.log_dir`` says otherwise.
     An attached server is never stopped: vime did not start it.
 
-    Example (skipped as a doctest: it needs that server):
-        >>> with serve_engine(EngineConfig(url="http://10.0.0.5:8000"), "") as s:  # doctest: +SKIP
-        ...     s.health()
+    Example (attached to the test session's server, see :mod:`vime.engine`):
+        >>> with serve_engine(EngineConfig(url=engine_url), "") as s:
+        ...     s.health(), s.external
+        (True, True)
     """
     if config.url:
         yield VLLMServer.attach(config.url)

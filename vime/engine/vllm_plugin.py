@@ -42,14 +42,9 @@ NAME = "vime_cpu_no_spin"  # vime's entry point in the vllm.general_plugins grou
 
 
 def register() -> bool:
-    """Patch vLLM's shared-memory queue reader to sleep while it waits; True if patched.
-
-    Example (skipped as a doctest: with ``VIME_VLLM_SPIN_SLEEP_US`` set it patches vLLM for
-    the rest of this process; the module example shows the unset case):
-        >>> os.environ["VIME_VLLM_SPIN_SLEEP_US"] = "50"  # doctest: +SKIP
-        >>> register()  # doctest: +SKIP
-        True
-    """
+    """Patch vLLM's shared-memory queue reader to sleep while it waits; True if patched
+    (with ``VIME_VLLM_SPIN_SLEEP_US`` set; no doctest of that case: it would patch vLLM for
+    the rest of the process. The module example shows the unset case)."""
     raw = os.environ.get(ENV, "")
     if not raw or raw == "0":
         return False

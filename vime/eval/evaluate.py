@@ -134,10 +134,9 @@ async def run_suite(
     ``generate`` (the RL loop's ``rollout.generate`` or ``agent.command``) plays each
     episode in place of the env loop, with the set's sampling as its ``ctx.sampling``.
 
-    Example (skipped as a doctest: it needs a running vLLM server):
-        >>> report, episodes = await run_suite(policy, model_dir, load_suite("math"), {})  # doctest: +SKIP
-        >>> report["aggregate"]["pass@1"]  # doctest: +SKIP
-        0.25
+    Usage (no doctest: it needs a running vLLM server): ``report, episodes = await
+    run_suite(policy, model_dir, load_suite("math"), {})``, then
+    ``report["aggregate"]["pass@1"]``.
     """
     check_envs(suite)
     sets: list[dict[str, Any]] = []
@@ -470,8 +469,16 @@ _KEY_VALUE = re.compile(r"[A-Za-z_][\w.]*=")
 def compare_main(argv: list[str]) -> int:
     """``vime-agent eval compare A B ... [out=DIR]``: reports side by side.
 
-    Example (skipped as a doctest: it reads reports from disk):
-        >>> compare_main(["runs/a/eval/math-step_000040", "runs/b/eval/math-step_000040"])  # doctest: +SKIP
+    Example (two reports written first; the comparison goes to ``out``):
+        >>> import tempfile
+        >>> from vime.eval.report import build_report, write_report
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     for name in ("a", "b"):
+        ...         _ = write_report(build_report({"label": name}, [{"name": "s"}], []), [],
+        ...                          Path(tmp, name))
+        ...     compare_main([f"{tmp}/a", f"{tmp}/b", f"out={tmp}/compare"])
+        # Eval compare: a, b
+        ...
         0
     """
     from vime.eval.plots import plot_compare

@@ -39,11 +39,8 @@ def _pass_keys(aggregates: list[dict[str, Any]]) -> list[str]:
 
 
 def plot_report(report: dict[str, Any], out: Path) -> Path:
-    """Left: pass@k and mean reward per set (and overall); right: each set's status mix.
-
-    Example (skipped as a doctest: see the module example):
-        >>> plot_report(report, Path("report.png"))  # doctest: +SKIP
-    """
+    """Left: pass@k and mean reward per set (and overall); right: each set's status mix
+    (the module example draws one)."""
     plt = _pyplot()
     scopes = [(s["name"], s["aggregate"]) for s in report["sets"]]
     if len(scopes) > 1:
@@ -87,8 +84,13 @@ def plot_compare(comparison: dict[str, Any], out: Path) -> Path:
     """Left: pass@1 per set (and overall) for each report; right: each task's pass@1
     difference from the first report, one bar series per other report.
 
-    Example (skipped as a doctest: it needs a comparison, see ``compare_reports``):
-        >>> plot_compare(compare_reports([a, b]), Path("compare.png"))  # doctest: +SKIP
+    Example:
+        >>> import tempfile
+        >>> from vime.eval.report import build_report, compare_reports
+        >>> a = build_report({"label": "a"}, [{"name": "s"}], [])
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     plot_compare(compare_reports([a, a]), Path(tmp) / "compare.png").name
+        'compare.png'
     """
     plt = _pyplot()
     labels = comparison["labels"]

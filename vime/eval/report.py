@@ -179,8 +179,12 @@ def write_report(report: dict[str, Any], episodes: list[Episode], out: Path) -> 
     """``report.json``, ``report.md``, ``report.png`` and every episode in ``episodes.jsonl``
     under ``out``; returns the paths.
 
-    Example (skipped as a doctest: it writes files):
-        >>> write_report(report, episodes, Path("eval-math"))  # doctest: +SKIP
+    Example:
+        >>> import tempfile
+        >>> report = build_report({"suite": "math"}, [{"name": "a"}], [])
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     [p.name for p in write_report(report, [], Path(tmp, "eval-math"))]
+        ['report.json', 'report.md', 'report.png', 'episodes.jsonl']
     """
     from vime.eval.plots import plot_report
 
@@ -198,8 +202,11 @@ def write_report(report: dict[str, Any], episodes: list[Episode], out: Path) -> 
 def read_report(path: str | Path) -> dict[str, Any]:
     """A report from its ``report.json`` or the folder holding it.
 
-    Example (skipped as a doctest: it reads a file):
-        >>> read_report("ckpt/eval-math")["suite"]  # doctest: +SKIP
+    Example:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     _ = write_report(build_report({"suite": "math"}, [], []), [], Path(tmp))
+        ...     read_report(tmp)["suite"]
         'math'
     """
     path = Path(path)

@@ -268,8 +268,14 @@ def select_groups(
     """Steps 1-3 of :func:`make_samples`: the groups a step can train on (all of them, not
     cut to ``batch_size``; the refill counts them) and the drop counts.
 
-    Example (skipped as a doctest: it needs a config and episodes):
-        >>> groups, stats = select_groups(episodes, cfg, version=3)  # doctest: +SKIP
+    Example (group ``b``'s rewards are all equal: no signal, filtered out):
+        >>> def ep(group, reward):
+        ...     return Episode("t", "e", [1, 2], [0, 1], [0.0, -1.0], reward=reward,
+        ...                    group_id=group, weight_versions=[3, 3])
+        >>> episodes = [ep("a", 1.0), ep("a", 0.0), ep("b", 1.0), ep("b", 1.0)]
+        >>> groups, stats = select_groups(episodes, TrainConfig(), version=3)
+        >>> [[e.reward for e in g] for g in groups], stats["samples/groups_total"]
+        ([[1.0, 0.0]], 2.0)
     """
     sample_keep, group_keep = load_filters(cfg.rollout.sample_filter, cfg.rollout.group_filter)
     keep = [ep for ep in episodes if ep.trainable]
@@ -310,8 +316,12 @@ def shaped_reward(ep: Episode, cfg: TrainConfig) -> float:
     """The env's reward, less ``algorithm.overlong_penalty`` for an over-long episode under
     ``algorithm.overlong=penalty``.
 
-    Example (skipped as a doctest: it needs a config):
-        >>> shaped_reward(truncated_episode, cfg)  # doctest: +SKIP
+    Example:
+        >>> cfg = TrainConfig()
+        >>> cfg.algorithm.overlong, cfg.algorithm.overlong_penalty = "penalty", 1.0
+        >>> cut = Episode("t", "e", [1, 2], [0, 1], [0.0, -1.0], status="truncated",
+        ...               reason="max_tokens")
+        >>> shaped_reward(cut, cfg)
         -1.0
     """
     if cfg.algorithm.overlong == "penalty" and is_overlong(ep):
@@ -332,8 +342,13 @@ def make_samples(
     ``critic`` gives their values (:class:`~vime.trainer.critic.Critic`), which
     ``algorithm.advantage=gae`` needs.
 
-    Example (skipped as a doctest: it needs a config and episodes):
-        >>> samples, stats = make_samples(episodes, cfg, version=3)  # doctest: +SKIP
+    Example (one group of two at the defaults: GRPO, no reference):
+        >>> def ep(reward):
+        ...     return Episode("t", "e", [1, 2], [0, 1], [0.0, -1.0], reward=reward,
+        ...                    group_id="g", weight_versions=[3, 3])
+        >>> samples, stats = make_samples([ep(1.0), ep(0.0)], TrainConfig(), version=3)
+        >>> [round(s.advantage, 3) for s in samples], stats["samples/trained"]
+        ([1.0, -1.0], 2.0)
     """
     groups, stats = select_groups(episodes, cfg, version)
     chosen = groups[: cfg.rollout.batch_size]
@@ -385,8 +400,12 @@ def make_samples(
 def needs_reference(cfg: TrainConfig) -> bool:
     """True when a KL term is on (loss or reward), so the run builds a reference model.
 
-    Example (skipped as a doctest: it needs a config):
-        >>> needs_reference(load_config(["trainer.loss.kl_coef=0.05"]))  # doctest: +SKIP
+    Example:
+        >>> cfg = TrainConfig()
+        >>> needs_reference(cfg)
+        False
+        >>> cfg.trainer.loss.kl_coef = 0.05
+        >>> needs_reference(cfg)
         True
     """
     return cfg.trainer.loss.kl_coef > 0 or cfg.algorithm.kl_reward_coef > 0

@@ -25,9 +25,9 @@ user's ``rollout.orchestrator``); everything below is the runner's, the same for
   collective) and releases them, and a Ctrl-C within ``ECHO_S`` of the first is that
   same Ctrl-C, not a second one.
 
-Example (skipped as a doctest: it needs engines, a trainer and a run folder):
-    >>> with Rollouts(cfg, collector, buffer, tasks, policy, sync) as runner:  # doctest: +SKIP
-    ...     episodes, stats = runner.step_episodes(step=1, version=0)
+Usage (no doctest: it needs engines, a trainer and a run folder): ``with Rollouts(cfg,
+collector, buffer, tasks, policy, sync) as runner:`` then ``runner.step_episodes(step=1,
+version=0)`` once per step.
 """
 
 from __future__ import annotations
@@ -228,13 +228,8 @@ class Rollouts:
     def step_episodes(self, step: int, version: int) -> tuple[list[Episode], dict[str, float]]:
         """The episodes step ``step`` trains on, and rollout metrics: the buffered ones
         after ``resume`` (the orchestrator is not asked), else the orchestrator's groups,
-        completed, checked, buffered and settled.
-
-        Example (skipped as a doctest: it needs a runner with engines):
-            >>> episodes, stats = runner.step_episodes(step=3, version=2)  # doctest: +SKIP
-            >>> stats["rollout/tasks_drawn"], stats["rollout/refills"]  # doctest: +SKIP
-            (128.0, 1.0)
-        """
+        completed, checked, buffered and settled (``stats`` holds e.g.
+        ``rollout/tasks_drawn`` and ``rollout/refills``)."""
         if STOP.requested:
             self._stop_at(step)
         if step in self.buffer.steps():

@@ -33,9 +33,9 @@ is killed are played again after ``resume``.
 It is an :class:`~vime.rl.orchestrator.Orchestrator`: the runner
 (:class:`~vime.rl.rollouts.Rollouts`) checks, completes and buffers what it takes.
 
-Example (skipped as a doctest: it needs a collector on a running engine):
-    >>> stream = RolloutStream(ctx)  # an OrchestratorContext  # doctest: +SKIP
-    >>> groups = runner.run(stream.take(version=0))  # doctest: +SKIP
+Usage (no doctest: it needs a collector on a running engine): ``stream =
+RolloutStream(ctx)`` with an :class:`~vime.rl.orchestrator.OrchestratorContext`, then
+``runner.run(stream.take(version=0))`` for each step's groups.
 """
 
 from __future__ import annotations
@@ -130,11 +130,8 @@ class RolloutStream(Orchestrator):
     # ------------------------------------------------------------------ consumer
 
     async def take(self, version: int) -> list[Group]:
-        """The next step's groups, as soon as they are there (see the module docstring).
-
-        Example (skipped as a doctest: it needs a collector on a running engine):
-            >>> groups = runner.run(stream.take(version=2))  # doctest: +SKIP
-        """
+        """The next step's groups, as soon as they are there (see the module docstring):
+        ``groups = runner.run(stream.take(version=2))``."""
         r, signal = self.ctx.rollout, self.ctx.signal
         cap = draw_size(r) * (1 + r.refill_retries)
         while True:

@@ -10,11 +10,11 @@ and images built without a registry.
   :func:`distribute_image` (copy an image to the other hosts).
 - ``vime-agent sandbox build-base | gc [--all | --run ID]``.
 
-Example (the pool part is skipped as a doctest: it needs a running dockerd):
+Example (the pool part runs against the project's dockerd):
     >>> from vime.sandbox import SandboxConfig, SandboxPool
     >>> SandboxConfig().network
     False
-    >>> with SandboxPool(SandboxConfig(), size=4) as pool:  # doctest: +SKIP
+    >>> with SandboxPool(SandboxConfig(), size=1) as pool:
     ...     with pool.session(timeout=60) as sb:
     ...         sb.write_file("/workspace/t.py", "print(6 * 7)")
     ...         sb.exec("python3 t.py", timeout=10).stdout

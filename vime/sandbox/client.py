@@ -49,9 +49,9 @@ def docker_client(host: str | None = None):
     Clients are cached per host URL and are thread-safe for the calls vime makes (each
     request takes its own connection from the pool).
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> client = docker_client()  # doctest: +SKIP
-        >>> client.ping()  # doctest: +SKIP
+    Example (the project's dockerd; ``scripts/dockerd.sh start`` prints its URL):
+        >>> client = docker_client()
+        >>> client.ping()
         True
     """
     import docker

@@ -27,8 +27,9 @@ How the guarantees are implemented:
 - **Files** travel through ``exec`` stdin/stdout (``cat``/``tar``): docker's archive API
   cannot write to a read-only rootfs or see tmpfs mounts.
 
-Example (skipped as a doctest: it needs a running dockerd):
-    >>> with DockerSandbox(SandboxConfig()) as sb:  # doctest: +SKIP
+Example (the doctests of this module run against the project's dockerd; the methods'
+examples use ``sb``, a running ``DockerSandbox(SandboxConfig())``):
+    >>> with DockerSandbox(SandboxConfig()) as sb:
     ...     sb.exec("python3 -c 'print(1)'", timeout=10).stdout
     '1\\n'
 """
@@ -117,11 +118,12 @@ class DockerSandbox:
     :class:`SandboxError` only when the container is gone or broken; ``alive`` tells
     whether it can still be used.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> sb = DockerSandbox(SandboxConfig(timeout=30))  # doctest: +SKIP
-        >>> sb.write_file("/workspace/a.txt", "hi"); sb.read_file("/workspace/a.txt")  # doctest: +SKIP
+    Example:
+        >>> sb = DockerSandbox(SandboxConfig(timeout=30))
+        >>> sb.write_file("/workspace/a.txt", "hi"); sb.read_file("/workspace/a.txt")
         b'hi'
-        >>> sb.close()  # doctest: +SKIP
+        >>> sb.close(); sb.alive
+        False
     """
 
     def __init__(self, config: SandboxConfig | None = None, *, host: str | None = None) -> None:
@@ -208,11 +210,8 @@ class DockerSandbox:
             self._dead = reason
 
     def close(self) -> None:
-        """Remove the container (force). Safe to call twice; never raises.
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.close()  # doctest: +SKIP
-        """
+        """Remove the container (force). Safe to call twice; never raises (the class
+        example closes one)."""
         with self._lock:
             if self._closed:
                 return
@@ -222,8 +221,8 @@ class DockerSandbox:
     def probe(self) -> bool:
         """Ask docker whether the container still runs; mark the sandbox dead if not.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.probe()  # doctest: +SKIP
+        Example:
+            >>> sb.probe()
             True
         """
         if not self.alive:
@@ -260,8 +259,8 @@ class DockerSandbox:
         and returns ``timed_out=True``; the sandbox stays usable unless the kill could not
         be confirmed, in which case it is marked dead.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.exec("echo hi >&2; exit 3", timeout=5)  # doctest: +SKIP
+        Example:
+            >>> sb.exec("echo hi >&2; exit 3", timeout=5)
             ExecResult(exit_code=3, stdout='', stderr='hi\\n', timed_out=False, ...)
         """
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
@@ -304,10 +303,8 @@ class DockerSandbox:
 
     def kill_all(self) -> None:
         """Kill every process of the sandbox user (PID 1 stays). Used on timeout and reset.
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.kill_all()  # doctest: +SKIP
-        """
+        It returns once PID 1 has the signal, before the processes are gone (no example: a
+        command started right after it could be killed too)."""
         self._check_alive()
         with docker_errors("killing the sandbox's processes", host=self.host, container=self.id):
             self._api.kill(self.id, signal=KILL_SIGNAL)
@@ -451,8 +448,10 @@ class DockerSandbox:
     def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace ``path`` with ``data`` (str is UTF-8 encoded); parents are created.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.write_file("/workspace/x/y.bin", b"\\x00\\xff")  # doctest: +SKIP
+        Example:
+            >>> sb.write_file("/workspace/x/y.bin", b"\\x00\\xff")
+            >>> sb.exec("wc -c < /workspace/x/y.bin", timeout=5).stdout
+            '2\\n'
         """
         payload = data.encode() if isinstance(data, str) else bytes(data)
         script = 'mkdir -p -- "$(dirname -- "$1")" && cat > "$1"'
@@ -461,8 +460,9 @@ class DockerSandbox:
     def read_file(self, path: str) -> bytes:
         """The exact bytes of ``path``; :class:`SandboxError` if it cannot be read.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.read_file("/workspace/x/y.bin")  # doctest: +SKIP
+        Example:
+            >>> _ = sb.exec("printf '\\\\000\\\\377' > /workspace/z.bin", timeout=5)
+            >>> sb.read_file("/workspace/z.bin")
             b'\\x00\\xff'
         """
         return self._file_op(["cat", "--", path], f"read_file({path!r})")
@@ -470,8 +470,13 @@ class DockerSandbox:
     def copy_in(self, local_dir: str | Path, remote_dir: str) -> None:
         """Copy the contents of local folder ``local_dir`` into ``remote_dir`` (created).
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.copy_in("tests/data/repo", "/workspace/repo")  # doctest: +SKIP
+        Example:
+            >>> import tempfile
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     _ = Path(tmp, "README").write_text("hello")
+            ...     sb.copy_in(tmp, "/workspace/repo")
+            >>> sb.read_file("/workspace/repo/README")
+            b'hello'
         """
         src = Path(local_dir)
         if not src.is_dir():
@@ -490,8 +495,13 @@ class DockerSandbox:
     def copy_out(self, remote_dir: str, local_dir: str | Path) -> None:
         """Copy the contents of ``remote_dir`` into local folder ``local_dir`` (created).
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.copy_out("/workspace/repo", "/tmp/repo-after")  # doctest: +SKIP
+        Example:
+            >>> import tempfile
+            >>> sb.write_file("/workspace/out/a.txt", "made inside")
+            >>> with tempfile.TemporaryDirectory() as tmp:
+            ...     sb.copy_out("/workspace/out", tmp)
+            ...     Path(tmp, "a.txt").read_text()
+            'made inside'
         """
         data = self._file_op(["tar", "-c", "-C", remote_dir, "."], f"copy_out of {remote_dir!r}")
         dest = Path(local_dir)
@@ -508,8 +518,11 @@ class DockerSandbox:
         Raises :class:`SandboxError`, saying what survived, if it cannot. Writes to a
         writable rootfs (``read_only=False``) are not undone: pools replace such sandboxes.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb.reset()  # doctest: +SKIP
+        Example:
+            >>> sb.write_file("/workspace/left-over", "x")
+            >>> sb.reset()
+            >>> sb.exec("ls -A /workspace", timeout=5).stdout
+            ''
         """
         argv = ["/bin/sh", "-c", RESET_SCRIPT, "sh", self.config.workspace]
         try:

@@ -126,8 +126,8 @@ def apt_mirror() -> str:
 def image_exists(tag: str, *, host: str | None = None) -> bool:
     """Whether ``tag`` is present on the docker host.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> image_exists("vime/base:nonexistent")  # doctest: +SKIP
+    Example (the doctests of this module run against the project's dockerd):
+        >>> image_exists("vime/base:nonexistent")
         False
     """
     import docker.errors
@@ -146,10 +146,8 @@ def build_rootfs_tarball(recipe: BaseImageRecipe | None = None, *, log=print) ->
 
     Needs root, ``debootstrap`` and the Debian mirror (about 35-60 s the first time).
     The tarball is written atomically, so an interrupted build leaves no broken cache.
-
-    Example (skipped as a doctest: it runs debootstrap as root (~35 s)):
-        >>> build_rootfs_tarball().suffix  # doctest: +SKIP
-        '.tar'
+    Usage: ``build_rootfs_tarball()`` returns the tarball's path (no doctest: a machine
+    without the cached tarball would debootstrap for ~35 s).
     """
     recipe = recipe or BaseImageRecipe()
     out = rootfs_cache() / f"rootfs-{recipe.suite}-{recipe.key()}.tar"
@@ -212,9 +210,9 @@ def build_base_image(
     Skips everything if the tag exists; otherwise imports the cached rootfs tarball
     (a few seconds) or debootstraps it first.
 
-    Example (skipped as a doctest: it needs a running dockerd and takes ~40 s the first time):
-        >>> build_base_image()  # doctest: +SKIP
-        'vime/base:3f2a9c0d1b7e'
+    Example (~40 s the first time on a machine, then a look-up):
+        >>> build_base_image(log=lambda msg: None)
+        'vime/base:...'
     """
     recipe = recipe or BaseImageRecipe()
     tag = base_image_tag(recipe)
@@ -294,9 +292,10 @@ def build_layered_image(
     reuses its image. Put task files outside the sandbox workspace (``/task``, ``/opt``):
     every sandbox mounts a fresh, empty tmpfs there, hiding what the image holds.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> build_layered_image("vime/base:abc", {"/task/test.py": "assert True"})  # doctest: +SKIP
-        'vime/layer:9d1c2b3a4f5e'
+    Example (a second call finds the tag and builds nothing):
+        >>> base = build_base_image(log=lambda msg: None)
+        >>> build_layered_image(base, {"/task/test.py": "assert True"})
+        'vime/layer:...'
     """
     files = dict(files or {})
     for dest in files:
@@ -345,9 +344,9 @@ def distribute_image(tag: str, hosts: Sequence[str]) -> list[str]:
     This is how a task image built on one machine reaches the other sandbox hosts
     without a registry.
 
-    Example (skipped as a doctest: it needs several running dockerds):
-        >>> distribute_image("vime/layer:9d1c2b3a4f5e", ["unix:///a.sock", "tcp://b:2375"])  # doctest: +SKIP
-        ['tcp://b:2375']
+    Usage (no doctest: it needs several dockerds): ``distribute_image(tag,
+    ["unix:///a.sock", "tcp://b:2375"])`` returns ``["tcp://b:2375"]`` when only the
+    first host had the image.
     """
     unique = list(dict.fromkeys(hosts))
     have = [h for h in unique if image_exists(tag, host=h)]
@@ -376,9 +375,9 @@ def build_image_from_dockerfile(
 
     Without ``tag`` the image is tagged ``vime/dockerfile:<hash of the folder>``.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> build_image_from_dockerfile("docker/swe")  # doctest: +SKIP
-        'vime/dockerfile:0a1b2c3d4e5f'
+    Usage (no doctest: a Dockerfile's ``FROM`` usually needs a registry):
+    ``build_image_from_dockerfile("docker/swe")`` returns e.g.
+    ``'vime/dockerfile:0a1b2c3d4e5f'``.
     """
     folder = Path(path)
     if folder.is_file():

@@ -101,10 +101,13 @@ class Lease:
     gives it back. Calls are timed and failures counted for :func:`take_figures`; every
     other attribute is the sandbox's own.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> sb = lease(SandboxConfig())  # doctest: +SKIP
-        >>> sb.exec("echo hi", timeout=5).stdout; sb.close()  # doctest: +SKIP
+    Example (the doctests of this module run against the project's dockerd;
+    ``pool_warm=0``: the pool starts a sandbox only when one is leased):
+        >>> sb = lease(SandboxConfig(pool_warm=0))
+        >>> sb.exec("echo hi", timeout=5).stdout
         'hi\\n'
+        >>> sb.close()  # back to the process's pool, wiped for the next lease
+        >>> close_pools()
     """
 
     def __init__(self, sandbox: DockerSandbox, pool: SandboxPool | None) -> None:
@@ -162,9 +165,11 @@ class Lease:
 def pool_for(config: SandboxConfig) -> SandboxPool:
     """The process's pool of ``config`` (made and started on first use).
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> pool_for(SandboxConfig()).stats()["per_host"]  # doctest: +SKIP
-        {'unix:///work/main/.run/docker/docker.sock': 2}
+    Example (one pool per config; ``pool_warm=0`` starts nothing):
+        >>> cfg = SandboxConfig(pool_warm=0)
+        >>> pool_for(cfg) is pool_for(cfg), pool_for(cfg).size == cfg.pool_max
+        (True, True)
+        >>> close_pools()
     """
     limits = dataclasses.replace(config, image="")
     with _pools_lock:
@@ -191,9 +196,14 @@ def _acquire(config: SandboxConfig, timeout: float) -> tuple[SandboxPool, Docker
 def lease(config: SandboxConfig, timeout: float = ACQUIRE_TIMEOUT_S) -> Lease:
     """A sandbox for one episode (see the module docstring); ``close()`` it when done.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> with contextlib.closing(lease(SandboxConfig())) as sb:  # doctest: +SKIP
-        ...     sb.exec("true", timeout=5)
+    Example:
+        >>> import contextlib
+        >>> with contextlib.closing(lease(SandboxConfig(pool_warm=0))) as sb:
+        ...     sb.exec("true", timeout=5).exit_code
+        0
+        >>> take_figures()["sandbox/acquires"] >= 1
+        True
+        >>> close_pools()
     """
     t0 = time.perf_counter()
     try:

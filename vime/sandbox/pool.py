@@ -18,11 +18,12 @@ From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
 pool's own threads, so ``asyncio.to_thread``'s small default executor never caps how many
 sandboxes an event loop can drive at once.
 
-Example (skipped as a doctest: it needs a running dockerd):
-    >>> with SandboxPool(SandboxConfig(), size=2) as pool:  # doctest: +SKIP
+Example (the doctests of this module run against the project's dockerd; the methods'
+examples use ``pool``, a started ``SandboxPool(SandboxConfig(), size=1)``):
+    >>> with SandboxPool(SandboxConfig(), size=1) as pool:
     ...     with pool.session(timeout=30) as sb:
-    ...         print(sb.exec("echo hi", timeout=5).stdout)
-    hi
+    ...         sb.exec("echo hi", timeout=5).stdout
+    'hi\\n'
 """
 
 from __future__ import annotations
@@ -56,11 +57,11 @@ class SandboxPool:
     ``size`` is the most sandboxes alive at once; ``warm`` of them (default: all) are
     started up front. ``workers`` threads start and reset sandboxes in the background.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> pool = SandboxPool(SandboxConfig(), size=4)  # doctest: +SKIP
-        >>> sb = pool.acquire(timeout=60)  # doctest: +SKIP
-        >>> pool.release(sb)  # doctest: +SKIP
-        >>> pool.close()  # doctest: +SKIP
+    Example (``warm=0``: nothing is started until an acquire needs it):
+        >>> pool = SandboxPool(SandboxConfig(), size=4, warm=0)
+        >>> pool.stats()["idle"], pool.stats()["created"]
+        (0, 0)
+        >>> pool.close()
     """
 
     def __init__(
@@ -216,8 +217,11 @@ class SandboxPool:
         Raises :class:`SandboxError` on timeout (with the last start error, if any) or
         when the pool is closed.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb = pool.acquire(timeout=30)  # doctest: +SKIP
+        Example:
+            >>> sb = pool.acquire(timeout=30)
+            >>> sb.exec("echo hi", timeout=5).stdout
+            'hi\\n'
+            >>> pool.release(sb)
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -272,8 +276,13 @@ class SandboxPool:
         """Give ``sb`` back. With ``reset`` it is wiped in the background first; a dead
         or unresettable sandbox is removed and replaced. Never raises for a bad sandbox.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pool.release(sb)  # doctest: +SKIP
+        Example (the pool holds one sandbox, so the session gets the same one, wiped):
+            >>> sb = pool.acquire(timeout=30)
+            >>> sb.write_file("/workspace/mine", "x")
+            >>> pool.release(sb)
+            >>> with pool.session(timeout=30) as again:
+            ...     again is sb, again.exec("ls -A /workspace", timeout=5).stdout
+            (True, '')
         """
         with self._cond:
             if self._closed:  # close() already removed it (or is about to)
@@ -299,9 +308,10 @@ class SandboxPool:
     def session(self, timeout: float | None = None, reset: bool = True) -> Iterator[DockerSandbox]:
         """``with pool.session() as sb:`` acquire, then release even on error.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> with pool.session(timeout=30) as sb:  # doctest: +SKIP
-            ...     sb.exec("true", timeout=5)
+        Example:
+            >>> with pool.session(timeout=30) as sb:
+            ...     sb.exec("true", timeout=5).exit_code
+            0
         """
         sb = self.acquire(timeout)
         try:
@@ -312,8 +322,10 @@ class SandboxPool:
     async def run_async(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run a blocking call (``sb.exec`` ...) on the pool's threads from asyncio.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> res = await pool.run_async(sb.exec, "ls", timeout=5)  # doctest: +SKIP
+        Example:
+            >>> with pool.session(timeout=30) as sb:
+            ...     asyncio.run(pool.run_async(sb.exec, "echo hi", timeout=5)).stdout
+            'hi\\n'
         """
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(
@@ -323,17 +335,19 @@ class SandboxPool:
     async def acquire_async(self, timeout: float | None = None) -> DockerSandbox:
         """:meth:`acquire` for asyncio code.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb = await pool.acquire_async(timeout=30)  # doctest: +SKIP
+        Example (with :meth:`release_async`):
+            >>> async def lease_one():
+            ...     sb = await pool.acquire_async(timeout=30)
+            ...     await pool.release_async(sb)
+            ...     return sb.alive
+            >>> asyncio.run(lease_one())
+            True
         """
         return await self.run_async(self.acquire, timeout)
 
     async def release_async(self, sb: DockerSandbox, reset: bool = True) -> None:
-        """:meth:`release` for asyncio code (it never blocks long: the reset is queued).
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> await pool.release_async(sb)  # doctest: +SKIP
-        """
+        """:meth:`release` for asyncio code (it never blocks long: the reset is queued);
+        :meth:`acquire_async` has an example."""
         self.release(sb, reset=reset)
 
     @contextlib.asynccontextmanager
@@ -342,9 +356,12 @@ class SandboxPool:
     ) -> AsyncIterator[DockerSandbox]:
         """``async with pool.session_async() as sb:``.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> async with pool.session_async(timeout=30) as sb:  # doctest: +SKIP
-            ...     await pool.run_async(sb.exec, "true", timeout=5)
+        Example:
+            >>> async def check():
+            ...     async with pool.session_async(timeout=30) as sb:
+            ...         return (await pool.run_async(sb.exec, "true", timeout=5)).exit_code
+            >>> asyncio.run(check())
+            0
         """
         sb = await self.acquire_async(timeout)
         try:
@@ -355,8 +372,10 @@ class SandboxPool:
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every sandbox is started and idle (benchmarks, tests).
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pool.wait_ready(60)  # doctest: +SKIP
+        Example:
+            >>> pool.wait_ready(60)
+            >>> pool.stats()["idle"]
+            1
         """
         deadline = time.monotonic() + timeout
         with self._cond:
@@ -373,9 +392,10 @@ class SandboxPool:
     def stats(self) -> dict[str, Any]:
         """Counts for metrics: idle, leased, pending, created, discarded, per host.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pool.stats()["idle"]  # doctest: +SKIP
-            4
+        Example (nothing leased; the last release's reset may still be pending):
+            >>> stats = pool.stats()
+            >>> stats["leased"], stats["created"] >= 1, list(stats["per_host"].values())
+            (0, True, [1])
         """
         with self._cond:
             return {
@@ -394,8 +414,10 @@ class SandboxPool:
     def close(self) -> None:
         """Stop replenishing and remove every sandbox, idle or leased. Idempotent.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pool.close()  # doctest: +SKIP
+        Example (a pool of its own: the shared ``pool`` stays open for the other examples):
+            >>> other = SandboxPool(SandboxConfig(), size=1, warm=0)
+            >>> other.close(); other.close(); other.closed
+            True
         """
         with self._cond:
             if self._closed:
@@ -445,10 +467,13 @@ class ImagePools:
     nothing leased is closed. ``warm``: sandboxes each pool starts up front (default:
     all ``size_per_image``; fewer, and a pool grows on demand).
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> pools = ImagePools(SandboxConfig(), size_per_image=2)  # doctest: +SKIP
-        >>> sb = pools.acquire("vime/layer:9d1c2b3a4f5e", timeout=60)  # doctest: +SKIP
-        >>> pools.release(sb); pools.close()  # doctest: +SKIP
+    Example (the base image as the task image):
+        >>> from vime.sandbox.images import base_image_tag
+        >>> pools = ImagePools(SandboxConfig(), size_per_image=2, warm=0)
+        >>> sb = pools.acquire(base_image_tag(), timeout=60)
+        >>> sb.image == base_image_tag()
+        True
+        >>> pools.release(sb); pools.close()
     """
 
     def __init__(
@@ -471,9 +496,11 @@ class ImagePools:
     def pool(self, image: str) -> SandboxPool:
         """The pool of ``image`` (created and started if needed).
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pools.pool("vime/base:f56e2cd8100d").stats()["idle"]  # doctest: +SKIP
-            2
+        Example (``warm=0``: made, nothing started):
+            >>> pools = ImagePools(SandboxConfig(), size_per_image=2, warm=0)
+            >>> pools.pool("vime/base:any") is pools.pool("vime/base:any")
+            True
+            >>> pools.close()
         """
         import dataclasses
 
@@ -498,19 +525,11 @@ class ImagePools:
         return pool
 
     def acquire(self, image: str, timeout: float | None = None) -> DockerSandbox:
-        """A warm sandbox of ``image``.
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> sb = pools.acquire("vime/base:f56e2cd8100d", timeout=60)  # doctest: +SKIP
-        """
+        """A warm sandbox of ``image`` (the class example acquires one)."""
         return self.pool(image).acquire(timeout)
 
     def release(self, sb: DockerSandbox, reset: bool = True) -> None:
-        """Give ``sb`` back to its image's pool (closed if that pool is gone).
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pools.release(sb)  # doctest: +SKIP
-        """
+        """Give ``sb`` back to its image's pool (closed if that pool is gone)."""
         with self._lock:
             pool = self._pools.get(sb.image)
         if pool is None:
@@ -519,11 +538,7 @@ class ImagePools:
             pool.release(sb, reset=reset)
 
     def close(self) -> None:
-        """Close every pool. Idempotent.
-
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> pools.close()  # doctest: +SKIP
-        """
+        """Close every pool. Idempotent."""
         with self._lock:
             self._closed = True
             pools, self._pools = list(self._pools.values()), collections.OrderedDict()

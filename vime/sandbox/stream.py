@@ -89,9 +89,13 @@ class Demux:
 def send_stdin(raw: Any, data: bytes, deadline: float) -> bool:
     """Send ``data`` then EOF; False if the command did not take it before ``deadline``.
 
-    Example (skipped as a doctest: it needs a live exec socket):
-        >>> send_stdin(raw_exec_socket, b"file contents", time.monotonic() + 10)  # doctest: +SKIP
+    Example (a socket pair stands in for the exec socket):
+        >>> ours, command = socket.socketpair()
+        >>> send_stdin(ours, b"file contents", time.monotonic() + 10)
         True
+        >>> command.recv(100), command.recv(100)  # the data, then EOF
+        (b'file contents', b'')
+        >>> ours.close(); command.close()
     """
     raw.settimeout(max(0.01, deadline - time.monotonic()))
     try:
@@ -110,9 +114,13 @@ def send_stdin(raw: Any, data: bytes, deadline: float) -> bool:
 def pump(raw: Any, demux: Demux, deadline: float) -> bool:
     """Read multiplexed frames into ``demux`` until EOF (True) or ``deadline`` (False).
 
-    Example (skipped as a doctest: it needs a live exec socket):
-        >>> pump(raw_exec_socket, Demux(Capped(None), Capped(None)), time.monotonic() + 5)  # doctest: +SKIP
-        True
+    Example (a socket pair stands in for the exec socket):
+        >>> ours, docker = socket.socketpair()
+        >>> docker.sendall(bytes([1, 0, 0, 0, 0, 0, 0, 3]) + b"hi\\n"); docker.close()
+        >>> out, err = Capped(None), Capped(None)
+        >>> pump(ours, Demux(out, err), time.monotonic() + 5), out.bytes()
+        (True, b'hi\\n')
+        >>> ours.close()
     """
     sel = selectors.DefaultSelector()
     sel.register(raw, selectors.EVENT_READ)

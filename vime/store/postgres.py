@@ -19,11 +19,16 @@ Why PostgreSQL (docs/design.md has the measurement): a write and the acknowledge
 its lease, and a step's claim, are each one transaction; a commit returns once its WAL is
 fsync'd; readers that only watch (``read_step``) take nothing from the trainer.
 
-Example (skipped as a doctest: it needs a server, ``bash scripts/postgres.sh start``):
-    >>> store = PgStore("postgresql://postgres@127.0.0.1:55432/vime", "run-a")  # doctest: +SKIP
-    >>> store.publish([(1, {"id": "t1"})])  # doctest: +SKIP
-    >>> store.lease("worker-1", 4, lease_s=60)  # doctest: +SKIP
+Example (against the project's server: ``store_url`` is what ``bash scripts/postgres.sh
+start`` prints, e.g. ``postgresql://postgres@127.0.0.1:55432/vime``; ``run_name`` a run
+new to it):
+    >>> store = PgStore(store_url, run_name)
+    >>> store.publish([(1, {"id": "t1"})])
+    >>> store.lease("worker-1", 4, lease_s=60)
     [(1, {'id': 't1'})]
+    >>> store.lease("worker-2", 4, lease_s=60)  # leased already: nothing for a second worker
+    []
+    >>> store.close()
 """
 
 from __future__ import annotations
