@@ -2,11 +2,12 @@
 
 Modules are found by walking the packages' folders (no list to keep): every ``.py`` under
 ``vime`` and ``vime.suites`` (the repository's ``envs/``). The sandbox modules' examples
-run against the project's dockerd, the rollout store's against its PostgreSQL and the
-engine modules' against the session's vLLM server (the root conftest's ``docker_host``,
-``store_url`` and ``vllm_server`` start them), with the names of :func:`service_globals`. An example that cannot run here is marked
+run against the project's dockerd, the rollout store's against its PostgreSQL, and the
+engine modules' and the disk weight sync's against the session's vLLM server (the root
+conftest's ``docker_host``, ``store_url`` and ``vllm_server`` start them), with the names
+of :func:`service_globals`. An example that cannot run here is marked
 ``# doctest: +SKIP`` and its docstring says why, e.g. ``Example (skipped as a doctest: it
-needs a running vLLM server):``, or is a one-line ``Usage (no doctest: ...)`` instead.
+needs a GPU):``, or is a one-line ``Usage (no doctest: ...)`` instead.
 """
 
 from __future__ import annotations
@@ -61,7 +62,13 @@ DOCKER = {
     "vime.sandbox.pool",
 }
 STORE = {"vime.store.postgres"}
-ENGINE = {"vime.engine", "vime.engine.client", "vime.engine.serve", "vime.engine.server"}
+ENGINE = {
+    "vime.engine",
+    "vime.engine.client",
+    "vime.engine.serve",
+    "vime.engine.server",
+    "vime.sync.disk",
+}
 
 
 @contextlib.contextmanager
@@ -71,7 +78,7 @@ def service_globals(name: str, request: pytest.FixtureRequest) -> Iterator[dict]
     ``pool`` (a started one-sandbox ``SandboxPool``) for vime.sandbox.pool, ``store_url``
     and a new ``run_name`` for vime.store.postgres, ``engine_url`` (the session's vLLM
     server, its weights given back afterwards) and ``model_dir`` (the tiny model it
-    serves) for the engine modules."""
+    serves) for the engine modules and the disk weight sync."""
     if name in ENGINE:
         engine = request.getfixturevalue("shared_engine")
         yield {

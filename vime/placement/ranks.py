@@ -13,11 +13,10 @@ exchanged with one ``all_gather_object`` (torch.distributed's rendezvous store c
 process group), and external URLs join the same fleet. A node restarts its own engines
 when :meth:`TrainerGroup.restart_dead_engines` asks.
 
-Example (skipped as a doctest: it needs a built trainer):
-    >>> ranks = Ranks.start(PlacementConfig())  # doctest: +SKIP
-    >>> group = TrainerGroup(Trainer(model_dir, TrainerConfig()), ranks)  # doctest: +SKIP
-    >>> group.train_step(samples)["loss"]  # doctest: +SKIP
-    0.0123
+Usage (no doctest: it joins torch.distributed and needs a built trainer): ``ranks =
+Ranks.start(PlacementConfig())``, ``group = TrainerGroup(trainer, ranks)``, then
+``group.train_step(samples)`` on rank 0 as on one rank (``tests/rl/test_train_e2e.py``
+runs two ranks under torchrun).
 """
 
 from __future__ import annotations
@@ -66,10 +65,7 @@ class Ranks:
     def start(cls, placement: PlacementConfig, *, external: int = 0, join: bool = True) -> Ranks:
         """Check the placement against what torchrun started, then join torch.distributed
         (not with ``join=False``: the trainer then lives in a child process, which joins).
-
-        Example (skipped as a doctest: it initialises torch.distributed):
-            >>> Ranks.start(PlacementConfig()).layout.dp  # doctest: +SKIP
-            1
+        ``Ranks.start(PlacementConfig()).layout.dp`` is the data-parallel size.
         """
         cluster = Cluster.from_env()
         layout = check_placement(placement, cluster, external=external)
@@ -122,10 +118,7 @@ class Ranks:
     ) -> Iterator[EngineFleet]:
         """Each node's local rank 0 launches its engines; every rank gets the fleet's URLs.
         ``weight_transfer`` is the run's ``sync`` (``nccl`` / ``ipc`` add vLLM's flags).
-
-        Example (skipped as a doctest: it starts vLLM):
-            >>> with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:  # doctest: +SKIP
-            ...     fleet.urls
+        Usage: ``with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:``.
         """
         launches = self.cluster.local_rank == 0 and self.layout.engines_per_node > 0
         advertise = ""
@@ -161,8 +154,8 @@ class TrainerGroup:
     It offers the trainer methods the RL loop uses, so the loop reads the same for one
     rank or many.
 
-    Example (skipped as a doctest: it needs a built trainer):
-        >>> TrainerGroup(trainer, ranks).export_hf("runs/x/weights/v000001")  # doctest: +SKIP
+    Usage (no doctest: it needs a built trainer): ``TrainerGroup(trainer,
+    ranks).export_hf("runs/x/weights/v000001")`` runs the export on every rank.
     """
 
     def __init__(

@@ -15,10 +15,9 @@ its exception and its trace spans come back. A child that dies mid-call (a SIGKI
 out-of-memory kill) raises :class:`~vime.errors.TrainerError` with its exit status; the
 step was buffered before training, so ``resume=`` loses nothing.
 
-Example (skipped as a doctest: it builds a trainer in a child process):
-    >>> with TrainerProcess.start(trainer_child, cfg, model_dir, ranks) as child:  # doctest: +SKIP
-    ...     child.call("train_step", (samples,))["loss"]
-    0.0123
+Usage (no doctest: it builds a trainer in a child process): ``with
+TrainerProcess.start(trainer_child, cfg, model_dir, ranks) as child:`` then
+``child.call("train_step", (samples,))["loss"]``.
 """
 
 from __future__ import annotations
@@ -79,9 +78,7 @@ def trainer_in_own_process(setting: bool | None, *, mode: str, sync: str, world_
 class TrainerProcess:
     """A child process that builds the trainer (and π_ref, the critic) and runs calls.
 
-    Example (skipped as a doctest: it builds a trainer in a child process):
-        >>> with TrainerProcess.start(trainer_child, cfg, model_dir, ranks) as child:  # doctest: +SKIP
-        ...     child.call("export_hf", ("runs/x/weights/v000001",))
+    (The module docstring shows how to start one.)
     """
 
     def __init__(self, process: Any, conn: Connection) -> None:
@@ -192,9 +189,9 @@ def reap_checkpoint_writer_with_this_process() -> None:
     Manager queue, made on the first save: a server process that outlives a SIGKILLed
     parent (measured: one orphan per killed trainer). Made here first, its server runs
     :func:`_die_with_parent` at start. A megatron-core without that queue is left as is.
-
-    Example:
-        >>> reap_checkpoint_writer_with_this_process()  # doctest: +SKIP
+    Usage (no doctest: it would start that server in the test process): call
+    ``reap_checkpoint_writer_with_this_process()`` once in the trainer's process, before
+    its first save.
     """
     try:
         from megatron.core.dist_checkpointing.strategies import filesystem_async

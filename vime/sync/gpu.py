@@ -22,10 +22,10 @@ Metrics (seconds): ``sync/gather_s``, ``sync/pause_s`` (pause + resume),
 ``sync/init_s`` (the NCCL group, first sync only), ``sync/restart_s``, ``sync/total_s``,
 and ``sync/gb`` (bytes sent).
 
-Example (skipped as a doctest: it needs CUDA, a trainer and engines started for it):
-    >>> sync = build_weight_sync("nccl", group, engines, "run/weights")  # doctest: +SKIP
-    >>> sync.sync(3)["sync/transfer_s"]  # doctest: +SKIP
-    0.05
+Usage (no doctest: it needs CUDA, a trainer and engines started for it): ``sync =
+build_weight_sync("nccl", group, engines, "run/weights")``, then ``sync.sync(version)``
+after each train step. ``bench/weight_sync.py`` and ``tests/sync/test_gpu_sync.py`` run it
+on GPUs.
 """
 
 from __future__ import annotations
@@ -64,9 +64,8 @@ class GpuWeightSync:
     and gets the current weights pushed (the trainer holds them: restarts are handled
     between a sync and the next train step).
 
-    Example (skipped as a doctest: it needs CUDA and engines started for it):
-        >>> GpuWeightSync(group, engines, backend="ipc").sync(1)  # doctest: +SKIP
-        {'sync/gather_s': 0.02, 'sync/transfer_s': 0.1, ...}
+    Usage (no doctest: it needs CUDA and engines started for it): ``GpuWeightSync(group,
+    engines, backend="ipc").sync(1)``.
     """
 
     def __init__(
@@ -101,12 +100,8 @@ class GpuWeightSync:
         self.new_group = False
 
     def sync(self, version: int) -> dict[str, float]:
-        """Push the trainer's weights to every engine as ``version``; returns timings.
-
-        Example (skipped as a doctest: it needs CUDA and engines started for it):
-            >>> sync.sync(3)["sync/load_s"]  # doctest: +SKIP
-            0.01
-        """
+        """Push the trainer's weights to every engine as ``version``; returns timings (the
+        module docstring lists them)."""
         t0 = time.perf_counter()
         if self.restart_dead is not None and self.restart_dead():
             self.new_group = True  # a restarted engine is in no group
@@ -115,21 +110,12 @@ class GpuWeightSync:
         return {**stats, "sync/total_s": time.perf_counter() - t0}
 
     def recover(self) -> list[str]:
-        """Restart engines that died and push the current version to them; their URLs.
-
-        Example (skipped as a doctest: it needs CUDA and engines started for it):
-            >>> sync.recover()  # doctest: +SKIP
-            []
-        """
+        """Restart engines that died and push the current version to them; their URLs."""
         return recover_engines(self.restart_dead, self.reload)
 
     def reload(self, urls: Sequence[str]) -> None:
         """Give restarted engines (``urls``) the current version: a new NCCL group, then
-        the trainer's current weights pushed to every engine.
-
-        Example (skipped as a doctest: it needs CUDA and engines started for it):
-            >>> sync.reload(["http://127.0.0.1:40123"])  # doctest: +SKIP
-        """
+        the trainer's current weights pushed to every engine."""
         wanted = {u.rstrip("/") for u in urls}
         if not any(e.url.rstrip("/") in wanted for e in self.targets):
             return

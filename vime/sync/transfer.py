@@ -72,9 +72,8 @@ class EngineSender:
     """(Trainer rank 0.) Drives the engines through one :class:`Transfer`, keeping the
     NCCL group (``nccl``) for the next one.
 
-    Example (skipped as a doctest: it needs CUDA and engines started for it):
-        >>> EngineSender()(Transfer("ipc", 1 << 30, (url,), 1), tensors)  # doctest: +SKIP
-        {'sync/pause_s': 0.01, 'sync/transfer_s': 0.1, 'sync/load_s': 0.02, ...}
+    Usage (no doctest: it needs CUDA and engines started for it):
+    ``EngineSender()(Transfer("ipc", 1 << 30, (url,), 1), tensors)`` returns the timings.
     """
 
     def __init__(self) -> None:
@@ -212,9 +211,9 @@ def gather_and_push(
     through ``sender``; another rank takes part in an IPC transfer's handle all-gather
     (each rank's GPU serves the engines on it) and has nothing to do in an NCCL one.
 
-    Example (skipped as a doctest: a collective over a Megatron model on a GPU):
-        >>> gather_and_push(trainer.module, transfer, "bfloat16", EngineSender())  # doctest: +SKIP
-        {'sync/gather_s': 0.03, 'sync/transfer_s': 0.05, ...}
+    Usage (no doctest: a collective over a Megatron model on a GPU):
+    ``gather_and_push(trainer.module, transfer, "bfloat16", EngineSender())`` on rank 0,
+    ``None`` as the sender on the others.
     """
     t0 = time.perf_counter()
     tensors = hf_gpu_state(module, dtype, everywhere=transfer.everywhere)
@@ -238,9 +237,8 @@ def hf_gpu_state(module: Any, dtype: str, *, everywhere: bool) -> Tensors | None
     global rank 0 through :func:`vime.trainer.hf.hf_state_dict`. Returns ``None`` on ranks
     that do not send (all but rank 0 unless ``everywhere``).
 
-    Example (skipped as a doctest: a collective over a Megatron model):
-        >>> sorted(hf_gpu_state(trainer.module, "bfloat16", everywhere=False))[:1]  # doctest: +SKIP
-        ['lm_head.weight']
+    Usage (no doctest: a collective over a Megatron model): ``hf_gpu_state(trainer.module,
+    "bfloat16", everywhere=False)`` maps HF names (``lm_head.weight``, ...) to tensors.
     """
     from megatron.core import parallel_state as ps
 
@@ -272,9 +270,7 @@ def hf_gpu_state(module: Any, dtype: str, *, everywhere: bool) -> Tensors | None
 
 def nccl_init(host: str, port: int, world_size: int) -> Any:
     """Join the transfer group as its rank 0 on the current CUDA device (vLLM's helper).
-
-    Example (skipped as a doctest: it needs CUDA and engines joining the group):
-        >>> group = nccl_init("127.0.0.1", 29555, 2)  # doctest: +SKIP
+    Engines join the same group from their side (vLLM's ``/init_weight_transfer_engine``).
     """
     engine, _ = _vllm_trainer_api(
         "nccl_engine", "NCCLWeightTransferEngine", "NCCLTrainerSendWeightsArgs"
@@ -284,11 +280,7 @@ def nccl_init(host: str, port: int, world_size: int) -> Any:
 
 
 def nccl_send(tensors: Tensors, group: Any, bucket_bytes: int) -> None:
-    """Broadcast ``tensors`` to every engine of ``group``, packed in buckets.
-
-    Example (skipped as a doctest: it needs CUDA and engines receiving):
-        >>> nccl_send({"w": w}, group, 1 << 30)  # doctest: +SKIP
-    """
+    """Broadcast ``tensors`` to every engine of ``group``, packed in buckets."""
     engine, send_args = _vllm_trainer_api(
         "nccl_engine", "NCCLWeightTransferEngine", "NCCLTrainerSendWeightsArgs"
     )
@@ -305,9 +297,7 @@ def nccl_send(tensors: Tensors, group: Any, bucket_bytes: int) -> None:
 def ipc_send(tensors: Tensors, bucket_bytes: int, post: Callable[[dict[str, Any]], None]) -> None:
     """Share ``tensors`` bucket by bucket through one CUDA IPC buffer; ``post`` hands each
     bucket's ``update_info`` (handles pickled, as the HTTP route takes them) to the engines.
-
-    Example (skipped as a doctest: it needs CUDA and a colocated engine):
-        >>> ipc_send({"w": w}, 1 << 30, post=engine.update_weights)  # doctest: +SKIP
+    (``post=engine.update_weights`` for one colocated engine.)
     """
     _importable_ray()
     engine, send_args = _vllm_trainer_api(
