@@ -65,7 +65,8 @@ def scripted_policy(url: str, tok) -> tuple[PolicyClient, list[tuple[dict, dict]
         k = tok.decode(body["prompt"]).count("<|im_start|>assistant") - 1
         body = {**body, "structured_outputs": {"regex": re.escape(TURNS[k])}}
         answer = await post(server, body)
-        exchanges.append((body, answer))
+        for choice in answer["choices"]:  # one exchange per sample (requests may carry n)
+            exchanges.append((body, {**answer, "choices": [{**choice, "index": 0}]}))
         return answer
 
     policy._post = post_scripted  # type: ignore[method-assign]

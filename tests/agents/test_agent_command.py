@@ -74,8 +74,8 @@ def test_train_runs_the_agent_on_every_sample(shared_engine, tmp_path, monkeypat
 
     async def keep(self: PolicyClient, url: str, body: dict[str, Any]) -> dict[str, Any]:
         data = await post(self, url, body)
-        raw.append(data["choices"][0])
-        temperatures.append(body["temperature"])
+        raw.extend(data["choices"])  # identical requests may go as one, with n
+        temperatures.extend([body["temperature"]] * len(data["choices"]))
         return data
 
     monkeypatch.setattr(PolicyClient, "_post", keep)

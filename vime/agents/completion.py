@@ -132,9 +132,9 @@ def continuation(
 
 
 def parse_completion(
-    data: dict[str, Any], url: str, version: int, latency: float, attempts: int
+    data: dict[str, Any], url: str, version: int, latency: float, attempts: int, index: int = 0
 ) -> Completion:
-    """The :class:`Completion` of a vLLM ``/v1/completions`` response (one choice).
+    """The :class:`Completion` of choice ``index`` of a vLLM ``/v1/completions`` response.
 
     ``version`` is the engine's version at the request's start; a ``weight_version``
     field in the response wins.
@@ -145,10 +145,10 @@ def parse_completion(
         [2]
     """
     try:
-        choice = data["choices"][0]
+        choice = next(c for c in data["choices"] if c.get("index", 0) == index)
         token_ids = choice["token_ids"]
         logprobs = choice["logprobs"]["token_logprobs"]
-    except (KeyError, IndexError, TypeError) as err:
+    except (KeyError, IndexError, TypeError, StopIteration) as err:
         raise EngineError(
             f"{url}: the completion has no token_ids/logprobs ({err!r}); the server must be "
             "vLLM with return_token_ids support (vLLM >= 0.10)"

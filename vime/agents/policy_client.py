@@ -82,6 +82,7 @@ from vime.agents.completion import (
     sync_landed,
 )
 from vime.agents.liveness import EngineHungError, Heartbeat
+from vime.agents.request_batcher import RequestBatcher
 from vime.agents.routing import Router
 from vime.agents.server_probes import HEALTH_PROBE_S, ServerProbes
 from vime.agents.transport import TRANSPORTS, Transport, error_detail
@@ -116,6 +117,9 @@ class PolicyClientConfig:
     # While a request waits, its engine's /health is probed this often; two distinct
     # probes in a row silent (HEALTH_PROBE_S each) cut it: the engine is hung.
     heartbeat_s: float = 5.0
+    # Identical requests sent at once (a group's first turns) go as one request with n:
+    # each caller still gets its own choice (vime.agents.request_batcher).
+    batch_identical: bool = True
     max_attempts: int = 4  # total tries per request on connection errors / 5xx
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 8.0
@@ -206,6 +210,7 @@ class PolicyClient:
             health_timeout_s=min(HEALTH_PROBE_S, config.request_timeout_s),
         )
         self._heartbeat = Heartbeat(self._probes, lambda: self.config.heartbeat_s)
+        self._batcher = RequestBatcher(self._send_batched)
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -373,8 +378,11 @@ class PolicyClient:
                 f"{self._probes.health_timeout_s:g} s (the engine is hung or gone)"
             )
         tried: list[str] = []
+        batched = self.config.batch_identical and RequestBatcher.mergeable(body)
         while True:
             try:
+                if batched and not tried:  # with the identical requests sent alongside
+                    return await self._batcher.submit(url, body)
                 return await self._send(url, body, len(prompt_ids), mark_down=not tried)
             except EngineUnavailableError as err:
                 tried.append(url)
@@ -399,8 +407,18 @@ class PolicyClient:
         Example (skipped as a doctest: it needs a running vLLM server):
             >>> out = await client._send(url, body, 3, mark_down=True)  # doctest: +SKIP
         """
+        return (await self._send_all(url, body, prompt_len, mark_down=mark_down))[0]
+
+    async def _send_batched(self, url: str, body: dict[str, Any]) -> list[Completion]:
+        return await self._send_all(url, body, len(body["prompt"]), mark_down=True)
+
+    async def _send_all(
+        self, url: str, body: dict[str, Any], prompt_len: int, *, mark_down: bool
+    ) -> list[Completion]:
+        """:meth:`_send` for a request of ``body["n"]`` choices: one Completion each."""
         version = self._router.weight_version(url)  # at the start (see the module docstring)
-        cost = prompt_len + int(body.get("max_tokens") or 0)
+        n = int(body.get("n", 1))
+        cost = (prompt_len + int(body.get("max_tokens") or 0)) * n
         self._router.add_inflight(url, cost)
         start = time.perf_counter()
         tries = [1]
@@ -430,7 +448,8 @@ class PolicyClient:
             ) from err
         finally:
             self._router.remove_inflight(url, cost)
-        return parse_completion(data, url, version, time.perf_counter() - start, tries[0])
+        latency = time.perf_counter() - start
+        return [parse_completion(data, url, version, latency, tries[0], c) for c in range(n)]
 
     def _mark_down(self, url: str) -> None:
         if self._router.mark_down(url):  # warn once per outage, not per failed request

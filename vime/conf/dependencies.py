@@ -231,6 +231,14 @@ RULES: tuple[Needs, ...] = (
         "set one of rollout.store (rollout workers) and rollout.orchestrator",
     ),
     Needs(
+        ("rollout.batch_identical_requests",),
+        "rollout.collector.seed",
+        lambda c: c.rollout.collector.seed is None and c.rollout.collector.sampling.seed is None,
+        "(or rollout.collector.sampling.seed: every request then has a seed of its own, and "
+        "seeded requests never merge)",
+        "leave rollout.batch_identical_requests unset with seeded sampling",
+    ),
+    Needs(
         ("trainer.sampler_replay",),
         "rollout.collector.sampling.top_p",
         lambda c: _sampler_truncates(c.rollout.collector.sampling),

@@ -176,6 +176,11 @@ class RolloutConfig:
     # engine is restarted, whatever request_timeout_s is (vime.agents.liveness).
     engine_heartbeat_s: float = 5.0
     partial_rollouts: bool = True  # a sync aborts in-flight requests, which then continue
+    # Unseeded requests with identical bodies sent together (a group's first turns) go to
+    # the engine as one request with n; each sample keeps its own choice's ids and log-probs
+    # (vime.agents.request_batcher). false: one request per sample, e.g. for an engine
+    # behind engine.url that does not take n.
+    batch_identical_requests: bool = True
     collector: CollectorConfig = field(
         default_factory=lambda: CollectorConfig(
             n_samples=8,

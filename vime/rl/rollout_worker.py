@@ -84,6 +84,7 @@ class RolloutWorker:
         self.policy = PolicyClient.from_urls(*spec.engines)
         self.policy.config.request_timeout_s = cfg.rollout.request_timeout_s
         self.policy.config.heartbeat_s = cfg.rollout.engine_heartbeat_s
+        self.policy.config.batch_identical = cfg.rollout.batch_identical_requests
         players = load_players(cfg)
         model_dir = Path(worker.model or spec.model_dir)
         self.collector = Collector(

@@ -186,6 +186,7 @@ class Rollouts:
         # The client's per-try timeout and heartbeat are rollout keys: a hung engine ends as lost.
         policy.config.request_timeout_s = cfg.rollout.request_timeout_s
         policy.config.heartbeat_s = cfg.rollout.engine_heartbeat_s
+        policy.config.batch_identical = cfg.rollout.batch_identical_requests
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(
             target=self.loop.run_forever, name="vime-rollouts", daemon=True
