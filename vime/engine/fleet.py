@@ -19,7 +19,7 @@ import json
 import logging
 import os
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from vime.engine.client import EngineClient
@@ -58,6 +58,7 @@ class EngineFleet:
         advertise: str = "",
         sleep_mode: bool = False,
         weight_transfer: str = "",
+        meanwhile: Callable[[], object] | None = None,
     ) -> Iterator[EngineFleet]:
         """Start ``count`` servers on ``model_dir`` (in parallel), stop them on exit.
 
@@ -67,6 +68,8 @@ class EngineFleet:
         ``sleep_mode`` lets the servers give their GPU memory to a colocated trainer.
         ``weight_transfer`` (``nccl`` / ``ipc``) starts them ready for that GPU weight
         sync (:func:`weight_transfer_launch`); ``disk`` or empty: no flags.
+        ``meanwhile()`` runs while they start (the run builds its trainer there: an engine's
+        start is mostly its processes importing vLLM, one core each).
         """
         args, env = weight_transfer_launch(weight_transfer)
         config = dataclasses.replace(
@@ -81,6 +84,8 @@ class EngineFleet:
         try:
             for server in servers:  # all start at once; each startup is mostly waiting
                 server.start(wait=False)
+            if meanwhile is not None:
+                meanwhile()
             for server in servers:
                 server.wait_ready()
             fleet = cls(servers, [], advertise=advertise)

@@ -115,9 +115,12 @@ class Ranks:
         external: Sequence[str] = (),
         log_dir: str | Path | None = None,
         weight_transfer: str = "",
+        meanwhile: Callable[[], object] | None = None,
     ) -> Iterator[EngineFleet]:
         """Each node's local rank 0 launches its engines; every rank gets the fleet's URLs.
         ``weight_transfer`` is the run's ``sync`` (``nccl`` / ``ipc`` add vLLM's flags).
+        ``meanwhile()`` runs on every rank while the engines start, before the URLs are
+        exchanged (so collectives in it keep one order on every rank).
         Usage: ``with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:``.
         """
         launches = self.cluster.local_rank == 0 and self.layout.engines_per_node > 0
@@ -137,8 +140,11 @@ class Ranks:
                         advertise=advertise,
                         sleep_mode=self.layout.colocated,
                         weight_transfer=weight_transfer,
+                        meanwhile=meanwhile,
                     )
                 )
+            elif meanwhile is not None:
+                meanwhile()
             everyone = self.all_gather(fleet.local_urls())
             fleet.urls = []
             for urls in everyone:

@@ -103,17 +103,32 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     with contextlib.ExitStack() as cleanup:
         cleanup.enter_context(LockWatch(cfg.trace.lock_watch_s))  # a call that holds the GIL
-        group = start_trainer(cfg, model_dir, ranks, cleanup, own_process=own_process)
+        built: list[TrainerGroup] = []
+
+        def build_trainer() -> None:
+            built.append(start_trainer(cfg, model_dir, ranks, cleanup, own_process=own_process))
+
+        # The trainer is built while the engines start (about 4 s of the main job's start),
+        # unless they share its GPUs: then the engines size their memory after it.
+        overlap = not ranks.layout.colocated
+        if not overlap:
+            build_trainer()
+        fleet = cleanup.enter_context(
+            ranks.engine_fleet(
+                cfg.engine,
+                model_dir,
+                external=external,
+                log_dir=run.logs,
+                weight_transfer=cfg.sync,
+                meanwhile=build_trainer if overlap else None,
+            )
+        )
+        group = built[0]
+        group.fleet = fleet
         # The model's many long-lived Python objects would be rescanned by every full
         # garbage collection that the collector's allocations trigger: frozen for the run
         # (one counted hold: a collection's end does not thaw them), they are skipped.
         cleanup.enter_context(gc_freeze.held())
-        group.fleet = cleanup.enter_context(
-            ranks.engine_fleet(
-                cfg.engine, model_dir, external=external, log_dir=run.logs, weight_transfer=cfg.sync
-            )
-        )
-        fleet = group.fleet
         if not ranks.is_driver:  # this rank trains what rank 0 sends, until it is done
             with STOP.following():  # a Ctrl-C: rank 0 saves (collective), then releases it
                 group.follow()
