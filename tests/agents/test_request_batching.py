@@ -32,18 +32,23 @@ def test_a_groups_identical_requests_go_as_one(vllm_server):
             return await asyncio.gather(
                 *[client.generate(prompt, params, session=f"s{i}") for i in range(8)],
                 client.generate(prompt, SamplingParams(max_tokens=8, seed=7), session="seeded"),
+                *[  # greedy: vLLM refuses n > 1 there
+                    client.generate(prompt, SamplingParams(max_tokens=8, temperature=0), session=g)
+                    for g in ("greedy 1", "greedy 2")
+                ],
                 client.generate([9, *prompt], params, session="other prompt"),
             )
         finally:
             await client.aclose()
 
     outs = asyncio.run(main())
-    assert sorted(b.get("n", 1) for b in bodies) == [1, 1, 8]  # the seeded one went alone
+    assert sorted(b.get("n", 1) for b in bodies) == [1, 1, 1, 1, 8]  # seeded, greedy: alone
     group = outs[:8]
     assert len({tuple(o.token_ids) for o in group}) > 1  # eight samples, not one copied
+    assert outs[9].token_ids == outs[10].token_ids  # greedy
     for out in outs:
         assert len(out.token_ids) == len(out.logprobs) > 0 and all(lp <= 0 for lp in out.logprobs)
-        assert out.sampler == SamplingParams(max_tokens=8).sampler()
+    assert all(o.sampler == SamplingParams(max_tokens=8).sampler() for o in [*group, outs[11]])
 
 
 def test_batching_can_be_turned_off(vllm_server):

@@ -8,7 +8,8 @@ same body (same prompt ids and sampling) that arrive within :data:`GATHER_S` of 
 become one request with ``n`` = their number, and each caller gets one choice: its own
 token ids, log-probs, finish reason and weight version, exactly what a request of its own
 returns (vLLM samples the ``n`` choices as independent sequences). Seeded requests never
-merge: a seed asks for its own random stream.
+merge (a seed asks for its own random stream), nor greedy ones (vLLM refuses ``n`` > 1
+at temperature 0; an evaluation's identical greedy requests each go alone).
 
 Example:
     >>> import asyncio
@@ -52,13 +53,17 @@ class RequestBatcher(Generic[T]):
 
     @staticmethod
     def mergeable(body: dict[str, Any]) -> bool:
-        """Whether ``body`` may share a request: no seed of its own, no ``n`` already.
+        """Whether ``body`` may share a request: sampled (vLLM refuses ``n`` > 1 at
+        temperature 0), no seed of its own, no ``n`` already.
 
         Example:
             >>> RequestBatcher.mergeable({"prompt": [1], "seed": 3})
             False
+            >>> RequestBatcher.mergeable({"prompt": [1], "temperature": 0.0})
+            False
         """
-        return body.get("seed") is None and body.get("n", 1) == 1
+        sampled = body.get("temperature", 1.0) > 0
+        return sampled and body.get("seed") is None and body.get("n", 1) == 1
 
     async def submit(self, url: str, body: dict[str, Any]) -> T:
         """Send ``body`` to ``url`` with the identical ones submitted alongside it."""
