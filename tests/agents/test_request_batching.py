@@ -13,8 +13,8 @@ from vime.types import SamplingParams
 pytestmark = pytest.mark.engine
 
 
-def test_a_groups_identical_requests_go_as_one(vllm_server):
-    client = PolicyClient.from_urls(vllm_server.url)
+def _recording(client: PolicyClient) -> list[dict]:
+    """Every request body ``client`` sends from now on."""
     bodies: list[dict] = []
     post = client._post
 
@@ -23,6 +23,12 @@ def test_a_groups_identical_requests_go_as_one(vllm_server):
         return await post(url, body)
 
     client._post = recording  # type: ignore[method-assign]
+    return bodies
+
+
+def test_a_groups_identical_requests_go_as_one(vllm_server):
+    client = PolicyClient.from_urls(vllm_server.url)
+    bodies = _recording(client)
     prompt = [1, 2, 3, 4, 5]
     params = SamplingParams(max_tokens=8)
 
@@ -53,14 +59,7 @@ def test_a_groups_identical_requests_go_as_one(vllm_server):
 
 def test_batching_can_be_turned_off(vllm_server):
     client = PolicyClient.from_urls(vllm_server.url, batch_identical=False)
-    bodies: list[dict] = []
-    post = client._post
-
-    async def recording(url, body):
-        bodies.append(body)
-        return await post(url, body)
-
-    client._post = recording  # type: ignore[method-assign]
+    bodies = _recording(client)
 
     async def main():
         try:

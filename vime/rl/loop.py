@@ -58,7 +58,7 @@ from vime.rl.setup import (
     evaluation,
     prepare,
     restore,
-    start_trainer,
+    start_trainer_and_engines,
     task_sources,
 )
 from vime.rl.store_orchestrator import store_factory
@@ -103,28 +103,10 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     with contextlib.ExitStack() as cleanup:
         cleanup.enter_context(LockWatch(cfg.trace.lock_watch_s))  # a call that holds the GIL
-        built: list[TrainerGroup] = []
-
-        def build_trainer() -> None:
-            built.append(start_trainer(cfg, model_dir, ranks, cleanup, own_process=own_process))
-
-        # The trainer is built while the engines start (about 4 s of the main job's start),
-        # unless they share its GPUs: then the engines size their memory after it.
-        overlap = not ranks.layout.colocated
-        if not overlap:
-            build_trainer()
-        fleet = cleanup.enter_context(
-            ranks.engine_fleet(
-                cfg.engine,
-                model_dir,
-                external=external,
-                log_dir=run.logs,
-                weight_transfer=cfg.sync,
-                meanwhile=build_trainer if overlap else None,
-            )
+        group = start_trainer_and_engines(
+            cfg, model_dir, ranks, run, cleanup, own_process=own_process, external=external
         )
-        group = built[0]
-        group.fleet = fleet
+        fleet = group.fleet
         # The model's many long-lived Python objects would be rescanned by every full
         # garbage collection that the collector's allocations trigger: frozen for the run
         # (one counted hold: a collection's end does not thaw them), they are skipped.
