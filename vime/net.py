@@ -1,7 +1,8 @@
-"""Small networking helpers shared by the engine launcher and the trainer.
+"""Small networking helpers shared by the engine launcher, its clients and the trainer.
 
 It sits at the bottom of the package (standard library only), so that neither
-:mod:`vime.engine` nor :mod:`vime.trainer` has to import the other to pick a port.
+:mod:`vime.engine` nor :mod:`vime.trainer` has to import the other to pick a port, and
+every client of an engine finds the engine's key here (:func:`engine_headers`).
 
 Example:
     >>> 0 < free_port() < 65536
@@ -10,7 +11,10 @@ Example:
 
 from __future__ import annotations
 
+import secrets
 import socket
+import threading
+from collections.abc import Iterable
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -35,3 +39,75 @@ def address_towards(peer: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((peer, 9))  # UDP connect sends nothing; it only picks the route
         return str(s.getsockname()[0])
+
+
+# ---------------------------------------------------------------- engine keys
+#
+# A run's engines require a key (vime.engine.vllm_auth says what the engine checks). This
+# process remembers each engine URL's key where it learns it: the engines it launches, the
+# URLs the other nodes send at rendezvous (vime.placement.ranks), external engines
+# (engine.api_key), a rollout worker's run spec (vime.store.postgres). Every vime client
+# of an engine (EngineClient, the policy client's transport and probes, the weight sync,
+# the profiler trace) sends engine_headers(url) for the URL it calls, so a key learnt once
+# reaches all of them. It lives here, at the bottom, because all of those use it.
+
+_ENGINE_KEYS: dict[str, str] = {}  # engine base URL (no trailing slash) -> its key
+_KEYS_LOCK = threading.Lock()  # the collector's threads read while the loop writes
+
+
+def new_engine_key() -> str:
+    """A fresh random engine key (256 bits, URL-safe).
+
+    Example:
+        >>> len(new_engine_key()) >= 43
+        True
+    """
+    return secrets.token_urlsafe(32)
+
+
+def remember_engine_key(urls: Iterable[str], key: str) -> None:
+    """The engines at ``urls`` require ``key`` (an empty key: nothing is recorded).
+
+    Example:
+        >>> remember_engine_key(["http://10.0.0.9:1/"], "k"); engine_key("http://10.0.0.9:1")
+        'k'
+    """
+    if not key:
+        return
+    with _KEYS_LOCK:
+        for url in urls:
+            _ENGINE_KEYS[url.rstrip("/")] = key
+
+
+def engine_key(url: str) -> str:
+    """The key the engine at ``url`` requires, '' if none is known.
+
+    Example:
+        >>> engine_key("http://nowhere:1")
+        ''
+    """
+    with _KEYS_LOCK:
+        return _ENGINE_KEYS.get(url.rstrip("/"), "")
+
+
+def engine_keys(urls: Iterable[str]) -> dict[str, str]:
+    """``{url: key}`` for those of ``urls`` whose key is known (what a run spec carries).
+
+    Example:
+        >>> remember_engine_key(["http://10.0.0.10:1"], "k")
+        >>> engine_keys(["http://10.0.0.10:1", "http://x:2"])
+        {'http://10.0.0.10:1': 'k'}
+    """
+    return {url: key for url in urls if (key := engine_key(url))}
+
+
+def engine_headers(url: str) -> dict[str, str]:
+    """The ``Authorization`` header for the engine at ``url`` (empty if it needs no key).
+
+    Example:
+        >>> remember_engine_key(["http://10.0.0.7:8000"], "k1")
+        >>> engine_headers("http://10.0.0.7:8000/"), engine_headers("http://nowhere:1")
+        ({'Authorization': 'Bearer k1'}, {})
+    """
+    key = engine_key(url)
+    return {"Authorization": f"Bearer {key}"} if key else {}

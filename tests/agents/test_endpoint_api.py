@@ -151,9 +151,13 @@ def offline_endpoint(tok: Any, work: Any, **config: Any) -> Any:
     return asyncio.run(main())
 
 
-async def post(url: str, body: Any, method: str = "POST") -> tuple[int, dict[str, Any], Any]:
+async def post(
+    url: str, body: Any, method: str = "POST", token: str = ""
+) -> tuple[int, dict[str, Any], Any]:
+    """``body`` to ``url``, with the session's ``token`` (its agent's OPENAI_API_KEY)."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    async with aiohttp.request(method, url, data=data) as resp:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    async with aiohttp.request(method, url, data=data, headers=headers) as resp:
         return resp.status, dict(resp.headers), await resp.json()
 
 
@@ -161,15 +165,18 @@ def test_requests_the_openai_api_refuses_are_refused(tok) -> None:
     async def ask(endpoint: AgentEndpoint) -> Any:
         opened = await endpoint.open(TASKS[0], "vime/Math-v0")
         url = f"{opened.base_url}/chat/completions"
-        answers = {name: await post(url, body) for name, (body, _, _) in REFUSED.items()}
-        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+        answers = {
+            name: await post(url, body, token=opened.api_key)
+            for name, (body, _, _) in REFUSED.items()
+        }
+        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.api_key, max_retries=0)
         with pytest.raises(openai.BadRequestError) as sdk:  # as the SDK reports it
             await agent.chat.completions.create(
                 model="any", messages=[{"role": "wizard", "content": "Hi"}]
             )
         # The valid request passes every check (and the template's render): only the
         # missing engine stops it.
-        valid = await post(url, VALID)
+        valid = await post(url, VALID, token=opened.api_key)
         return answers, sdk.value, valid, await endpoint.close(opened.session_id)
 
     answers, sdk, valid, ep = offline_endpoint(tok, ask)
@@ -200,11 +207,11 @@ def test_every_error_is_json(tok) -> None:
         chat = f"{opened.base_url}/chat/completions"
         return {
             "route": await post(f"{endpoint.url}/v1/chat/completions", VALID),
-            "method": await post(chat, b"", "GET"),
+            "method": await post(chat, b"", "GET", opened.api_key),
             "session": await post(f"{endpoint.url}/sessions/nope/v1/chat/completions", VALID),
             "models": await post(f"{endpoint.url}/sessions/nope/v1/models", b"", "GET"),
-            "not json": await post(chat, b"{messages"),
-            "not an object": await post(chat, [VALID]),
+            "not json": await post(chat, b"{messages", token=opened.api_key),
+            "not an object": await post(chat, [VALID], token=opened.api_key),
         }
 
     answers = offline_endpoint(tok, ask)
@@ -234,7 +241,7 @@ def test_a_first_request_too_long_for_the_context_names_the_limit(tok) -> None:
 
     async def ask(endpoint: AgentEndpoint) -> Any:
         opened = await endpoint.open(TASKS[0], "vime/Math-v0")
-        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.api_key, max_retries=0)
         with pytest.raises(openai.BadRequestError) as err:
             await agent.chat.completions.create(model="any", messages=messages)
         return err.value, await endpoint.close(opened.session_id)
@@ -251,7 +258,8 @@ def test_several_choices_are_json_when_the_engine_is_absent(tok) -> None:
 
     async def ask(endpoint: AgentEndpoint) -> Any:
         opened = await endpoint.open(TASKS[0], "vime/Math-v0")
-        status, _, body = await post(f"{opened.base_url}/chat/completions", {**VALID, "n": 3})
+        chat = f"{opened.base_url}/chat/completions"
+        status, _, body = await post(chat, {**VALID, "n": 3}, token=opened.api_key)
         return status, body, await endpoint.close(opened.session_id)
 
     status, body, ep = offline_endpoint(tok, ask)
@@ -337,7 +345,7 @@ async def session(endpoint: AgentEndpoint) -> tuple[Any, str, Any]:
     """A new session on TASKS[0]: an SDK client for it, the task's prompt, and what closes
     it (returning its episode)."""
     opened = await endpoint.open(TASKS[0], "vime/Math-v0")
-    agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+    agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.api_key, max_retries=0)
     return agent, opened.prompt, lambda: endpoint.close(opened.session_id)
 
 

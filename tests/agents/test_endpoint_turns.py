@@ -47,10 +47,10 @@ class GradedThinkingEnv(ThinkingToolsEnv):
         return [], float("Yes, 3." in action.text), True, False, {}
 
 
-async def thinking_agent(base_url: str, prompt: str) -> None:
+async def thinking_agent(base_url: str, prompt: str, api_key: str) -> None:
     """An agent that asks, runs ``add`` for the model's call, then asks "Sure?" (the
     conversation ThinkingToolsEnv makes of a collected episode)."""
-    agent = openai.AsyncOpenAI(base_url=base_url, api_key="k", max_retries=0)
+    agent = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     opening, _ = ThinkingToolsEnv().reset()
     messages: list[Any] = [opening[0], {"role": "user", "content": prompt}]
     for follow_up in ("tool", "user", None):
@@ -80,7 +80,7 @@ def play_endpoint(url: str, tok: Any) -> tuple[Episode, list]:
         try:
             async with AgentEndpoint(policy, tok, config) as endpoint:
                 opened = await endpoint.open(TASK, GradedThinkingEnv)
-                await thinking_agent(opened.base_url, opened.prompt)
+                await thinking_agent(opened.base_url, opened.prompt, opened.api_key)
                 return await endpoint.close(opened.session_id)
         finally:
             await policy.aclose()

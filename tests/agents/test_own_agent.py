@@ -91,7 +91,7 @@ def test_a_request_must_continue_its_session(vllm_server, tok) -> None:
     async def talk(endpoint: AgentEndpoint) -> Any:
         opened = await endpoint.open(TASKS[0], "vime/Math-v0")
         assert opened.prompt.startswith("What is 2+3?")
-        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+        agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key=opened.api_key, max_retries=0)
         chat = agent.chat.completions.create
         messages: list[Any] = [{"role": "user", "content": opened.prompt}]
         reply = await chat(model="any", messages=messages, tools=[ADD])
@@ -183,7 +183,9 @@ def test_no_engine_answers_503_and_aborts_the_episode(tok) -> None:
     async def main() -> Any:
         async with AgentEndpoint(client, tok, EndpointConfig()) as endpoint:
             opened = await endpoint.open(TASKS[0], "vime/Math-v0")
-            agent = openai.AsyncOpenAI(base_url=opened.base_url, api_key="k", max_retries=0)
+            agent = openai.AsyncOpenAI(
+                base_url=opened.base_url, api_key=opened.api_key, max_retries=0
+            )
             with pytest.raises(openai.InternalServerError) as err:
                 await agent.chat.completions.create(
                     model="any", messages=[{"role": "user", "content": opened.prompt}]

@@ -124,7 +124,11 @@ class AgentCommand:
     ) -> tuple[Ending | None, str | None, str, str]:
         """Run the command for one session: (its ending, None when it exited 0; why its
         leftovers make it an error, or None; the ends of its stdout and stderr)."""
-        environ = {**os.environ, "OPENAI_BASE_URL": opened.base_url, "OPENAI_API_KEY": "vime"}
+        environ = {
+            **os.environ,
+            "OPENAI_BASE_URL": opened.base_url,
+            "OPENAI_API_KEY": opened.api_key,
+        }
         try:
             proc = await asyncio.create_subprocess_exec(
                 *self.command,

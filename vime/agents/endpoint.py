@@ -3,8 +3,10 @@
 An unmodified agent program talks to :class:`AgentEndpoint` as to any model server
 (``POST {base_url}/chat/completions`` with ``messages`` and ``tools``; ``GET
 {base_url}/models``). Each session has its own base URL,
-``http://HOST:PORT/sessions/{id}/v1``; what a session records, and which requests it
-refuses, is :mod:`vime.agents.agent_session`'s. Replies are sampled by vLLM through the
+``http://HOST:PORT/sessions/{id}/v1``, and its own random token (``api_key``): a request
+without ``Authorization: Bearer <token>`` is answered with OpenAI's 401 error
+(``invalid_api_key``), so only the agent given the session can play it. What a session
+records, and which requests it refuses, is :mod:`vime.agents.agent_session`'s. Replies are sampled by vLLM through the
 :class:`~vime.agents.policy_client.PolicyClient` with the endpoint's sampling settings
 (the RL run's: a request's ``temperature`` and the like are not used; its ``max_tokens``
 or ``max_completion_tokens`` may only lower the per-turn cap), and any ``model`` name is
@@ -20,7 +22,7 @@ continues, choice 0 until then and if the session ends first
 
 :meth:`AgentEndpoint.run` plays one episode: it resets the env for the task, starts the
 agent command with ``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY``
-set and the task's prompt (the env's last opening user message) on stdin, waits for it
+(its token) set and the task's prompt (the env's last opening user message) on stdin, waits for it
 to exit, and has the env grade the agent's last reply. Endings:
 
 - the agent exits 0: ``completed`` (the env terminated on the reply) or ``truncated``;
@@ -44,6 +46,7 @@ import asyncio
 import dataclasses
 import logging
 import os
+import secrets
 import time
 import uuid
 import zlib
@@ -66,7 +69,7 @@ from vime.agents.episode import (
     step_env,
     turn_record,
 )
-from vime.agents.openai_api import ApiError, check_chat_request, json_errors
+from vime.agents.openai_api import ApiError, check_bearer, check_chat_request, json_errors
 from vime.agents.openai_stream import send_stream
 from vime.agents.policy_client import (
     Completion,
@@ -128,7 +131,8 @@ class EndpointConfig:
 
 @dataclass
 class OpenSession:
-    """A session handed to an agent: its base URL and the task's prompt.
+    """A session handed to an agent: its base URL, the task's prompt and the token its
+    requests must carry (the agent's ``OPENAI_API_KEY``).
 
     Example:
         >>> OpenSession("s1", "http://127.0.0.1:1/sessions/s1/v1", "What is 2+3?").session_id
@@ -138,6 +142,7 @@ class OpenSession:
     session_id: str
     base_url: str
     prompt: str
+    api_key: str = ""
 
 
 @dataclass
@@ -150,6 +155,7 @@ class _Live:
     task: dict[str, Any]
     index: int
     group: str
+    token: str  # what the session's requests must carry as their bearer key
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     turns: list[Turn] = field(default_factory=list)
     ending: Ending | None = None  # set by the request that ended the session
@@ -244,8 +250,9 @@ class AgentEndpoint:
         session = AgentSession(self.tokenizer, sid, self.config)
         env_id = str(getattr(box[0], "env_id", "") or type(box[0]).__name__)
         group = group or f"{task['id']}:{sid[:8]}"
-        self._sessions[sid] = _Live(session, box[0], env_id, task, index, group)
-        return OpenSession(sid, f"{self.url}/sessions/{sid}/v1", _task_prompt(messages))
+        token = secrets.token_urlsafe(24)
+        self._sessions[sid] = _Live(session, box[0], env_id, task, index, group, token)
+        return OpenSession(sid, f"{self.url}/sessions/{sid}/v1", _task_prompt(messages), token)
 
     async def close(self, session_id: str, ending: Ending | None = None) -> Episode:
         """End a session: the env grades the last reply (unless it failed); the Episode.
@@ -309,7 +316,11 @@ class AgentEndpoint:
             >>> ep = await endpoint.run(["python", "agent.py"], {"id": "t1"}, "vime/Math-v0")  # doctest: +SKIP
         """
         opened = await self.open(task, env, index=index, group=group)
-        environ = {**os.environ, "OPENAI_BASE_URL": opened.base_url, "OPENAI_API_KEY": "vime"}
+        environ = {
+            **os.environ,
+            "OPENAI_BASE_URL": opened.base_url,
+            "OPENAI_API_KEY": opened.api_key,
+        }
         ending: Ending | None = None
         stdout = stderr = b""
         try:
@@ -362,18 +373,23 @@ class AgentEndpoint:
 
     # ------------------------------------------------------------------ HTTP
 
+    def _live(self, request: web.Request) -> _Live:
+        """The request's open session, if the request carries its token (else an ApiError)."""
+        sid = request.match_info["sid"]
+        live = self._sessions.get(sid)
+        if live is None:
+            raise _unknown_session(sid)
+        check_bearer(request.headers.get("Authorization", ""), live.token)
+        return live
+
     async def _handle_models(self, request: web.Request) -> web.Response:
-        if request.match_info["sid"] not in self._sessions:
-            raise _unknown_session(request.match_info["sid"])
+        self._live(request)
         card = {"id": self._model, "object": "model", "owned_by": "vime", "created": 0}
         return web.json_response({"object": "list", "data": [card]})
 
     async def _handle_chat(self, request: web.Request) -> web.StreamResponse:
         """A chat request; an :class:`ApiError` becomes its JSON error (``json_errors``)."""
-        sid = request.match_info["sid"]
-        live = self._sessions.get(sid)
-        if live is None:
-            raise _unknown_session(sid)
+        live = self._live(request)
         try:
             raw = await request.json()
         except ValueError:

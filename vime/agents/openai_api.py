@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import hmac
 import logging
 import re
 from collections.abc import Awaitable, Callable
@@ -105,6 +106,33 @@ def bad_value(param: str, value: Any, allowed: tuple[str, ...], why: str = "") -
     supported = ", ".join(repr(a) for a in allowed)
     message = f"Invalid value for '{param}': {value!r:.60}. Supported values are: {supported}."
     return ApiError(400, message + (f" {why}" if why else ""), param, "invalid_value")
+
+
+def check_bearer(authorization: str, token: str) -> None:
+    """Raise OpenAI's 401 (``invalid_api_key``) unless ``authorization`` is ``Bearer <token>``.
+
+    Example:
+        >>> check_bearer("Bearer t1", "t1")
+        >>> check_bearer("Bearer t2", "t1")
+        Traceback (most recent call last):
+        ...
+        vime.agents.openai_api.ApiError: Incorrect API key for this session: use the OPENAI_API_KEY that vime gave the agent with its OPENAI_BASE_URL.
+    """
+    scheme, _, given = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not given.strip():
+        raise ApiError(
+            401,
+            "No API key: send the session's key as 'Authorization: Bearer KEY' (the "
+            "OPENAI_API_KEY that vime gave the agent).",
+            code="invalid_api_key",
+        )
+    if not hmac.compare_digest(given.strip().encode(), token.encode()):
+        raise ApiError(
+            401,
+            "Incorrect API key for this session: use the OPENAI_API_KEY that vime gave the "
+            "agent with its OPENAI_BASE_URL.",
+            code="invalid_api_key",
+        )
 
 
 def _kind(value: Any) -> str:

@@ -21,6 +21,8 @@ from typing import Any
 
 import aiohttp
 
+from vime.net import engine_headers
+
 # Seconds a server gets to answer GET /health (a heartbeat, a request to it timed out, or
 # it is marked down); any HTTP answer counts (a server that is not vLLM may have no
 # /health). A vLLM server answers in milliseconds, from its API process, even under load.
@@ -76,7 +78,8 @@ class ServerProbes:
     async def _ask_health(self, url: str) -> bool:
         timeout = aiohttp.ClientTimeout(total=self.health_timeout_s)
         try:
-            async with self._session().get(f"{url}/health", timeout=timeout) as resp:
+            get = self._session().get(f"{url}/health", headers=engine_headers(url), timeout=timeout)
+            async with get as resp:
                 await resp.read()
                 return True
         except (TimeoutError, aiohttp.ClientError):
@@ -84,7 +87,7 @@ class ServerProbes:
 
     async def _ask_paused(self, url: str) -> bool:
         try:
-            async with self._session().get(f"{url}/is_paused") as resp:
+            async with self._session().get(f"{url}/is_paused", headers=engine_headers(url)) as resp:
                 return bool((await resp.json()).get("is_paused"))
         except (TimeoutError, aiohttp.ClientError, ValueError, AttributeError):
             return False

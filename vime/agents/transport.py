@@ -3,7 +3,9 @@
 Both raise the SDK's exceptions (``openai.APIStatusError``, ``APITimeoutError``,
 ``APIConnectionError``), so the client's retry policy sees one error vocabulary. ``direct``
 (the default) skips the SDK's per-request work; ``sdk`` is the reference path. Each keeps
-one connection pool per server (the SDK's) or per event loop (aiohttp's).
+one connection pool per server (the SDK's) or per event loop (aiohttp's). Each server gets
+its own key where this process knows one (:func:`vime.net.engine_headers`: a run's engines), else
+``api_key``.
 
 Example:
     >>> import asyncio
@@ -23,6 +25,8 @@ from typing import Any
 import aiohttp
 import httpx2
 import openai
+
+from vime.net import engine_key
 
 # Idle connections are dropped after this long: below the 5 s after which vLLM's server
 # (uvicorn) closes them by default, so a request never goes out on a connection the server
@@ -64,7 +68,7 @@ class Transport:
             # The SDK's own retries are off: the policy client owns the retry policy.
             client = openai.AsyncOpenAI(
                 base_url=f"{url}/v1",
-                api_key=self.api_key,
+                api_key=engine_key(url) or self.api_key,
                 max_retries=0,
                 timeout=self.timeout_s(),
                 http_client=http,

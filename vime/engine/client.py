@@ -33,6 +33,7 @@ from typing import Any
 import httpx
 
 from vime.errors import EngineError, WeightSyncError
+from vime.net import engine_key
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,9 @@ class EngineClient:
     """Thin HTTP client for one vLLM server's dev endpoints.
 
     ``weight_version`` is tracked client-side (set by :meth:`set_weight_version`), so it is
-    known even for servers without ``/update_weight_version``.
+    known even for servers without ``/update_weight_version``. Every request carries the
+    engine's key: ``api_key``, else the one this process knows for ``url``
+    (:func:`vime.net.engine_headers`).
 
     Example:
         >>> client = EngineClient(engine_url, timeout_s=60)
@@ -63,10 +66,12 @@ class EngineClient:
         False
     """
 
-    def __init__(self, url: str, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, *, timeout_s: float = 120.0, api_key: str = "") -> None:
         self.url = url.rstrip("/")
         self.weight_version: str | None = None
-        self._http = httpx.Client(base_url=self.url, timeout=timeout_s)
+        key = api_key or engine_key(self.url)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self._http = httpx.Client(base_url=self.url, timeout=timeout_s, headers=headers)
         self._has_version_endpoint: bool | None = None
 
     def close(self) -> None:
@@ -91,6 +96,12 @@ class EngineClient:
         if r.status_code == 404:
             hint = " (is the server in dev mode? set VLLM_SERVER_DEV_MODE=1)"
             raise EngineError(f"{method} {self.url}{path}: 404 Not Found{hint}")
+        if r.status_code == 401:
+            hint = "wrong key" if "Authorization" in self._http.headers else "no key given"
+            raise EngineError(
+                f"{method} {self.url}{path}: 401 Unauthorized ({hint}): the engine requires "
+                "an API key; set engine.api_key to it"
+            )
         if r.status_code >= 400:
             raise EngineError(f"{method} {self.url}{path}: HTTP {r.status_code}: {r.text[:500]}")
         return r

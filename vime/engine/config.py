@@ -54,6 +54,12 @@ class EngineConfig:
         env: extra environment variables for the server process.
         profiler_dir: launch with vLLM's torch profiler writing here (``/start_profile``,
             ``/stop_profile``; the train key ``trace.vllm_profile_step`` drives them).
+        api_key: the engine's API key. An attached engine (``url``): the key it requires
+            (its ``--api-key``), sent on every request. A launched one requires it on every
+            route but ``/health`` (:mod:`vime.engine.vllm_auth`); '' launches it open. A
+            training run's launched engines always require one: this key, or a fresh
+            random one per run when '' (:meth:`vime.placement.ranks.Ranks.engine_fleet`).
+            Saved in the run's config.yaml like every key.
     """
 
     model: str = ""
@@ -77,6 +83,7 @@ class EngineConfig:
     python: str = ""
     env: dict[str, str] = field(default_factory=dict)
     profiler_dir: str = ""
+    api_key: str = ""
 
     def __post_init__(self) -> None:
         require_choice(self.dtype, "engine.dtype", DTYPES)

@@ -56,6 +56,7 @@ class EngineFleet:
         devices: Sequence[Sequence[int]] = (),
         log_dir: str | Path | None = None,
         advertise: str = "",
+        api_key: str = "",
         sleep_mode: bool = False,
         weight_transfer: str = "",
         meanwhile: Callable[[], object] | None = None,
@@ -63,8 +64,11 @@ class EngineFleet:
         """Start ``count`` servers on ``model_dir`` (in parallel), stop them on exit.
 
         ``devices[i]`` are engine i's CUDA devices (its tensor-parallel size is their
-        number); empty on CPU. ``advertise`` is the host other nodes reach this node at
-        (the servers then listen on every interface); empty: this machine only.
+        number); empty on CPU. ``advertise`` is this node's address on the route to the
+        run's other nodes: the servers listen there, and on no other interface; empty:
+        ``config.host`` (127.0.0.1 by default, this machine only). ``api_key``: the key
+        every server requires (``config.api_key`` when empty; see
+        :mod:`vime.engine.vllm_auth` for the routes it guards).
         ``sleep_mode`` lets the servers give their GPU memory to a colocated trainer.
         ``weight_transfer`` (``nccl`` / ``ipc``) starts them ready for that GPU weight
         sync (:func:`weight_transfer_launch`); ``disk`` or empty: no flags.
@@ -73,7 +77,10 @@ class EngineFleet:
         """
         args, env = weight_transfer_launch(weight_transfer)
         config = dataclasses.replace(
-            config, extra_args=[*config.extra_args, *args], env={**config.env, **env}
+            config,
+            extra_args=[*config.extra_args, *args],
+            env={**config.env, **env},
+            api_key=api_key or config.api_key,
         )
         servers = [
             VLLMServer(
@@ -160,7 +167,7 @@ def _engine_config(
     return dataclasses.replace(
         config,
         model=str(model_dir),
-        host="0.0.0.0" if advertise else config.host,
+        host=advertise or config.host,  # one interface: the route to the other nodes
         env=env,
         extra_args=extra,
         log_dir=config.log_dir or str(log_dir or ""),  # one log per port: engines share it

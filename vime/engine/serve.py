@@ -31,7 +31,7 @@ def serve_engine(
         (True, True)
     """
     if config.url:
-        yield VLLMServer.attach(config.url)
+        yield VLLMServer.attach(config.url, api_key=config.api_key)
         return
     launch = dataclasses.replace(
         config, model=str(model_dir), log_dir=config.log_dir or str(log_dir or "")

@@ -1,5 +1,9 @@
 """``VLLMServer``: launch a vLLM OpenAI-compatible server as a subprocess, or attach to one.
 
+A launched server with ``config.api_key`` requires that key on every route but
+``/health`` (:mod:`vime.engine.vllm_auth` says what is protected and how); every vime
+client of it sends the key (:func:`vime.net.engine_headers`).
+
 A launched server runs in its own process group; :meth:`VLLMServer.stop` signals that
 group only (by PID: SIGTERM, then SIGKILL after a grace period). An attached server
 (``EngineConfig(url=...)`` or :meth:`VLLMServer.attach`) is health-checked but never
@@ -41,10 +45,10 @@ from typing import Any
 
 import httpx
 
-from vime.engine import vllm_plugin
+from vime.engine import vllm_auth, vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
-from vime.net import free_port
+from vime.net import engine_headers, free_port, remember_engine_key
 
 # What torchrun sets for each trainer rank (torch.distributed.run).
 TORCHRUN_VARS = frozenset(
@@ -233,14 +237,15 @@ class VLLMServer:
     # ------------------------------------------------------------------ construction
 
     @classmethod
-    def attach(cls, url: str, *, timeout_s: float = 30.0) -> VLLMServer:
-        """Attach to a running server at ``url`` and check that it is healthy.
+    def attach(cls, url: str, *, timeout_s: float = 30.0, api_key: str = "") -> VLLMServer:
+        """Attach to a running server at ``url`` (which requires ``api_key``, if given) and
+        check that it is healthy.
 
         Example:
             >>> VLLMServer.attach(engine_url).health()
             True
         """
-        server = cls(EngineConfig(url=url, startup_timeout_s=timeout_s))
+        server = cls(EngineConfig(url=url, startup_timeout_s=timeout_s, api_key=api_key))
         server.start()
         return server
 
@@ -327,6 +332,8 @@ class VLLMServer:
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
+        if c.api_key:  # vLLM guards only /v1/*: this guards every route but /health
+            cmd += ["--middleware", f"{vllm_auth.__name__}.{vllm_auth.RequireEngineKey.__name__}"]
         if c.profiler_dir:  # serves /start_profile and /stop_profile (trace.vllm_profile_step)
             profiler = {
                 "profiler": "torch",
@@ -358,6 +365,11 @@ class VLLMServer:
         )
         if c.dev_mode:
             env["VLLM_SERVER_DEV_MODE"] = "1"
+        # The key travels in the environment, not as --api-key: a command line is visible
+        # to every user of the machine (ps); vLLM and vime's middleware both read it here.
+        env.pop(vllm_auth.KEY_ENV, None)
+        if c.api_key:
+            env[vllm_auth.KEY_ENV] = c.api_key
         env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
@@ -388,6 +400,7 @@ class VLLMServer:
         that exits during startup, or a timeout.
         """
         if self.external:
+            remember_engine_key([self.url], self.config.api_key)
             if wait:
                 self.wait_ready()
             return self
@@ -404,6 +417,7 @@ class VLLMServer:
             )
         log_dir = Path(c.log_dir) if c.log_dir else Path(tempfile.mkdtemp(prefix="vime-vllm-"))
         log_dir.mkdir(parents=True, exist_ok=True)
+        remember_engine_key([self.url], c.api_key)  # for every client of it in this process
         self._log_path = log_dir / f"vllm-{self._port}.log"
         self._log_file = open(self._log_path, "ab")  # noqa: SIM115 - lives as long as the server
         cmd = self.command()
@@ -471,7 +485,7 @@ class VLLMServer:
 
     def _query_model_name(self) -> str:
         try:
-            r = httpx.get(self.url + "/v1/models", timeout=5.0)
+            r = httpx.get(self.url + "/v1/models", headers=engine_headers(self.url), timeout=5.0)
             r.raise_for_status()
             return str(r.json()["data"][0]["id"])
         except Exception:
@@ -482,7 +496,11 @@ class VLLMServer:
         if not self.external and self._port == 0:
             return False
         try:
-            return httpx.get(self.url + "/health", timeout=timeout_s).status_code == 200
+            # /health is open on vime's engines; an external one may guard it too.
+            answer = httpx.get(
+                self.url + "/health", headers=engine_headers(self.url), timeout=timeout_s
+            )
+            return answer.status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -27,6 +27,7 @@ import urllib.request
 from pathlib import Path
 
 from vime.errors import ConfigError
+from vime.net import engine_headers
 from vime.observability.config import TraceConfig
 from vime.observability.trace import TRACE
 
@@ -83,7 +84,8 @@ class StepTrace:
 def _check_profiler(url: str) -> None:
     """A :class:`ConfigError` unless the engine at ``url`` serves ``/start_profile`` (vLLM
     adds the route only when launched with a profiler; its OpenAPI schema lists it)."""
-    with urllib.request.urlopen(url.rstrip("/") + "/openapi.json", timeout=30) as answer:
+    request = urllib.request.Request(url.rstrip("/") + "/openapi.json", headers=engine_headers(url))
+    with urllib.request.urlopen(request, timeout=30) as answer:
         paths = json.loads(answer.read()).get("paths", {})
     if "/start_profile" not in paths:
         raise ConfigError(
@@ -96,6 +98,8 @@ def _check_profiler(url: str) -> None:
 
 def _post(url: str, route: str) -> None:
     """POST ``route`` to an engine (stopping writes the profile: seconds on CPU)."""
-    request = urllib.request.Request(url.rstrip("/") + route, data=b"", method="POST")
+    request = urllib.request.Request(
+        url.rstrip("/") + route, data=b"", method="POST", headers=engine_headers(url)
+    )
     with urllib.request.urlopen(request, timeout=600):
         pass

@@ -10,7 +10,10 @@ rank nothing is broadcast and the group is just the trainer.
 
 Engines: each node's local rank 0 launches that node's engines; the URLs of all nodes are
 exchanged with one ``all_gather_object`` (torch.distributed's rendezvous store carries the
-process group), and external URLs join the same fleet. A node restarts its own engines
+process group), and external URLs join the same fleet. Only the run reaches its engines:
+they listen on the address that routes to the other nodes (127.0.0.1 on one node) and
+require the run's key, made by rank 0 and broadcast on the control group before launch
+(``engine.api_key`` when set; :mod:`vime.engine.vllm_auth` says what it guards). A node restarts its own engines
 when :meth:`TrainerGroup.restart_dead_engines` asks.
 
 Usage (no doctest: it joins torch.distributed and needs a built trainer): ``ranks =
@@ -34,7 +37,7 @@ import torch.distributed as dist
 from vime.engine.config import EngineConfig
 from vime.engine.fleet import EngineFleet
 from vime.errors import ConfigError, TrainerError
-from vime.net import address_towards
+from vime.net import address_towards, new_engine_key, remember_engine_key
 from vime.placement.config import Cluster, Layout, PlacementConfig, check_placement
 from vime.placement.trainer_process import TrainerProcess
 from vime.sync.transfer import EngineSender, Transfer, gather_and_push
@@ -120,10 +123,14 @@ class Ranks:
         """Each node's local rank 0 launches its engines; every rank gets the fleet's URLs.
         ``weight_transfer`` is the run's ``sync`` (``nccl`` / ``ipc`` add vLLM's flags).
         ``meanwhile()`` runs on every rank while the engines start, before the URLs are
-        exchanged (so collectives in it keep one order on every rank).
+        exchanged (so collectives in it keep one order on every rank). The launched
+        engines require the run's key (``config.api_key``, else a fresh one from rank 0),
+        external ones ``config.api_key``: every rank remembers each URL's
+        (:func:`vime.net.engine_headers`).
         Usage: ``with ranks.engine_fleet(EngineConfig(), model_dir) as fleet:``.
         """
         launches = self.cluster.local_rank == 0 and self.layout.engines_per_node > 0
+        run_key = self.from_driver(lambda: config.api_key or new_engine_key())
         advertise = ""
         if self.cluster.nodes > 1:  # other nodes must reach this node's engines
             advertise = address_towards(os.environ.get("MASTER_ADDR", "127.0.0.1"))
@@ -138,6 +145,7 @@ class Ranks:
                         devices=self.layout.engine_devices,
                         log_dir=log_dir,
                         advertise=advertise,
+                        api_key=run_key,
                         sleep_mode=self.layout.colocated,
                         weight_transfer=weight_transfer,
                         meanwhile=meanwhile,
@@ -150,6 +158,8 @@ class Ranks:
             for urls in everyone:
                 fleet.join(urls)
             fleet.launched = list(fleet.urls)
+            remember_engine_key(fleet.launched, run_key)
+            remember_engine_key(external, config.api_key)
             fleet.join(external)
             yield fleet
 

@@ -3,7 +3,7 @@
 Three tables, namespaced by run name (several runs share one server):
 
 - ``vime_runs``: what rollout workers need to play a run's tasks (the trainer's config, its
-  model folder, the engines' URLs) and the weight version the engines serve now;
+  model folder, the engines' URLs and keys) and the weight version the engines serve now;
 - ``vime_tasks``: tasks the trainer *published*, keyed by their draw number
   (:meth:`vime.envs.TaskSource.lend_numbered`: one play of a task, the same number after a
   restart). A worker *leases* open tasks (``FOR UPDATE SKIP LOCKED``: two workers never
@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from vime.errors import ConfigError, DataError
+from vime.net import engine_keys, remember_engine_key
 from vime.types import Episode
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ CREATE TABLE IF NOT EXISTS vime_runs (
     finished boolean NOT NULL DEFAULT false,
     updated timestamptz NOT NULL DEFAULT now()
 );
+-- {url: key} of the engines that require one (a store made before keys: added here)
+ALTER TABLE vime_runs ADD COLUMN IF NOT EXISTS engine_keys jsonb NOT NULL DEFAULT '{}';
 CREATE TABLE IF NOT EXISTS vime_tasks (
     run text NOT NULL,
     draw bigint NOT NULL,
@@ -106,13 +109,23 @@ class StoredGroup:
 
 @dataclass
 class RunSpec:
-    """What a rollout worker needs to play a run's tasks (the ``vime_runs`` row)."""
+    """What a rollout worker needs to play a run's tasks (the ``vime_runs`` row).
+
+    ``engine_keys`` (``{url: key}``) is what the engines require: by default the keys this
+    process knows for ``engines`` (:func:`vime.net.engine_headers`); a worker that reads
+    the spec remembers them, so its policy client reaches the run's engines.
+    """
 
     config_yaml: str
     model_dir: str
     engines: list[str]
     version: int
     finished: bool = False
+    engine_keys: dict[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if self.engine_keys is None:
+            self.engine_keys = engine_keys(self.engines)
 
 
 class PgStore:
@@ -149,17 +162,18 @@ class PgStore:
         """Publish (or update, on resume) what workers need to play this run's tasks."""
         self._call(
             lambda cur: cur.execute(
-                "INSERT INTO vime_runs (run, config, model_dir, engines, version) "
-                "VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run) DO UPDATE SET "
+                "INSERT INTO vime_runs (run, config, model_dir, engines, version, engine_keys) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (run) DO UPDATE SET "
                 "config = EXCLUDED.config, model_dir = EXCLUDED.model_dir, "
                 "engines = EXCLUDED.engines, version = EXCLUDED.version, finished = false, "
-                "updated = now()",
+                "engine_keys = EXCLUDED.engine_keys, updated = now()",
                 (
                     self.run,
                     spec.config_yaml,
                     spec.model_dir,
                     json.dumps(spec.engines),
                     spec.version,
+                    json.dumps(spec.engine_keys),
                 ),
             )
         )
@@ -276,14 +290,17 @@ class PgStore:
         """The run's :class:`RunSpec`, None until its trainer registered it."""
         row = self._call(
             lambda cur: cur.execute(
-                "SELECT config, model_dir, engines, version, finished FROM vime_runs "
-                "WHERE run = %s",
+                "SELECT config, model_dir, engines, version, finished, engine_keys "
+                "FROM vime_runs WHERE run = %s",
                 (self.run,),
             ).fetchone()
         )
         if row is None:
             return None
-        return RunSpec(row[0], row[1], list(row[2]), int(row[3]), bool(row[4]))
+        keys = {str(url): str(key) for url, key in dict(row[5]).items()}
+        for url, key in keys.items():  # this process's clients of the engines send them
+            remember_engine_key([url], key)
+        return RunSpec(row[0], row[1], list(row[2]), int(row[3]), bool(row[4]), keys)
 
     def version(self) -> int:
         """The weight version the trainer last published (0 before any)."""

@@ -1,0 +1,110 @@
+"""Only the run reaches its engines (issue 40): seen from another machine.
+
+Node 0 (a network namespace) launches the engine of a two-node run, as
+:meth:`~vime.placement.ranks.Ranks.engine_fleet` does on every node, and opens an own-agent
+endpoint session on it (tests/placement/keyed_engine.py). Node 1 (another namespace,
+joined by a veth pair) then calls both: without the key, or with a wrong one, the engine
+refuses ``/v1/completions`` (vLLM's own check) and the dev routes ``/collective_rpc``,
+``/is_paused`` and ``/metrics`` (vime's middleware, :mod:`vime.engine.vllm_auth`) with 401;
+with the run's key it serves them. ``/health`` stays open. The endpoint session refuses a
+request without its token, or with another, with OpenAI's 401 error, and answers with it.
+The engine listens on node 0's address towards node 1 only: not on 127.0.0.1.
+
+Needs root and ``ip`` (iproute2); skipped where namespaces cannot be made. One vLLM start
+(about 20-40 s on 2 cores) is most of its time.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.engine]
+
+# Run on node 1: every call, with no key, a wrong key and the right one; statuses and bodies.
+CALLS = r"""
+import json, sys, httpx
+facts = json.load(open(sys.argv[1]))
+engine, session = facts["engine"], facts["session"]
+keys = {"none": None, "wrong": "not-the-key"}
+completion = {"model": facts["model"], "prompt": [1, 2, 3], "max_tokens": 2}
+chat = {"model": "any", "messages": [{"role": "user", "content": "What is 2+3?"}]}
+calls = {
+    "completions": ("POST", engine + "/v1/completions", completion, facts["key"]),
+    "collective_rpc": ("POST", engine + "/collective_rpc", {"method": "x"}, None),
+    "is_paused": ("GET", engine + "/is_paused", None, facts["key"]),
+    "metrics": ("GET", engine + "/metrics", None, facts["key"]),
+    "health": ("GET", engine + "/health", None, facts["key"]),
+    "chat": ("POST", session + "/chat/completions", chat, facts["token"]),
+    "models": ("GET", session + "/models", None, facts["token"]),
+}
+answers = {}
+for name, (method, url, body, right) in calls.items():
+    for who, key in {**keys, **({"right": right} if right else {})}.items():
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.request(method, url, json=body, headers=headers, timeout=120)
+        try:
+            content = r.json()
+        except ValueError:
+            content = r.text[:200]
+        answers[f"{name} {who}"] = [r.status_code, content]
+print(json.dumps(answers))
+"""
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and proc.poll() is None:
+        if path.exists():
+            return json.loads(path.read_text())
+        time.sleep(0.2)
+    raise AssertionError(f"node 0 wrote no {path.name}:\n{log.read_text()[-3000:]}")
+
+
+def test_only_the_run_reaches_its_engine_and_endpoint(nodes, tiny_model_dir, tmp_path):
+    facts_path = tmp_path / "node0.json"
+    log = tmp_path / "node0.log"
+    helper = [sys.executable, "-m", "tests.placement.keyed_engine"]
+    node0 = nodes.spawn(0, [*helper, str(facts_path), str(tiny_model_dir), nodes.addrs[1]], log)
+    try:
+        facts = _wait_for(facts_path, node0, log, timeout_s=240)
+        facts["model"] = tiny_model_dir.name
+        facts_path.write_text(json.dumps(facts))
+        called = nodes.run(1, [sys.executable, "-c", CALLS, str(facts_path)], timeout=240)
+        assert called.returncode == 0, called.stderr
+        answers = json.loads(called.stdout)
+    finally:
+        node0.send_signal(signal.SIGINT)  # the fleet stops its engine on the way out
+        try:
+            node0.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            node0.kill()
+
+    # Bound to node 0's address towards node 1, not to every interface.
+    assert facts["engine"].startswith(f"http://{nodes.addrs[0]}:")
+    assert not facts["loopback_answers"]
+    assert len(facts["key"]) >= 43 and len(facts["token"]) >= 32
+    statuses = {name: status for name, (status, _) in answers.items()}
+    refused = [name for name in statuses if name.endswith((" none", " wrong"))]
+    open_ = {"health none", "health wrong"}
+    for name in refused:
+        assert statuses[name] == (200 if name in open_ else 401), (name, answers[name])
+    for name in ("completions", "is_paused", "metrics", "health", "chat", "models"):
+        assert statuses[f"{name} right"] == 200, (name, answers[f"{name} right"])
+    # What was served is the real thing: a completion, the pause state, a chat reply.
+    assert len(answers["completions right"][1]["choices"]) == 1
+    assert answers["is_paused right"][1] == {"is_paused": False}
+    assert answers["chat right"][1]["choices"][0]["message"]["role"] == "assistant"
+    # The refusals: the engine's JSON error, and OpenAI's from the endpoint.
+    assert answers["collective_rpc none"][1]["error"]["code"] == "invalid_api_key"
+    for name in ("chat none", "chat wrong", "models none"):
+        error = answers[name][1]["error"]
+        assert set(error) == {"message", "type", "param", "code"}, name
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
