@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+import vime.envs as vime_envs
 from tests._train import quick_train
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.agent_command import AgentCommand
@@ -31,6 +32,7 @@ from vime.types import EpisodeStatus, SamplingParams
 
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "examples" / "own_agent.py"
+SIMPLE_AGENT = ROOT / "examples" / "simple_agent.py"  # trained to a rise by bench/agent_learns.py
 
 # One program, three misbehaviours, chosen by the task's prompt. Each grandchild's pid is
 # written to a file: the test then checks that it is gone.
@@ -152,6 +154,39 @@ def test_agents_that_misbehave_are_errors_and_leave_nothing(vllm_server, tok, tm
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == "zombie"
     after = {p.pid for p in psutil.Process().children(recursive=True) if p.status() != "zombie"}
     assert after <= before
+
+
+@pytest.mark.engine
+def test_the_simple_agent_sends_the_prompt_the_warm_start_teaches(vllm_server, tok):
+    """bench/agent_learns.py trains examples/simple_agent.py from the tiny model's warm start:
+    the prompt its request renders to is, id for id, the one the warm start's demonstrations
+    are rendered with; examples/own_agent.py's (its tool's schema in the template's system
+    turn) is not, so the warm-started model was never taught that one."""
+    from vime.rl.warm_start import demonstration_sample
+    from vime.suites.math.data import demonstration
+
+    task = {"id": "t", "question": "What is 12+30?", "answer": "42"}
+    env = vime_envs.make("vime/Math-v0")
+    demo = demonstration_sample(env, tok, "vime/Math-v0", task, demonstration(task))
+    env.close()
+    taught = demo.tokens[: demo.loss_mask.index(1)]
+    sampling = SamplingParams(max_tokens=4)
+
+    async def prompt_of(script: Path) -> list[int]:
+        agent = AgentCommand([sys.executable, str(script)], EndpointConfig(sampling=sampling))
+        client = PolicyClient.from_urls(vllm_server.url)
+        collector = Collector(client, tok, CollectorConfig(sampling=sampling), generate=agent)
+        try:
+            (episode,) = await collector.collect([task], "vime/Math-v0")
+        finally:
+            await agent.aclose()
+            await client.aclose()
+            collector.close()
+        assert episode.metadata["own_agent"] and 1 in episode.loss_mask, episode.reason
+        return episode.tokens[: episode.loss_mask.index(1)]
+
+    assert asyncio.run(prompt_of(SIMPLE_AGENT)) == taught
+    assert asyncio.run(prompt_of(AGENT)) != taught
 
 
 def test_agent_command_and_generate_are_one_choice():
