@@ -4,9 +4,9 @@ Node 0 (a network namespace) launches the engine of a two-node run, as
 :meth:`~vime.placement.ranks.Ranks.engine_fleet` does on every node, and opens an own-agent
 endpoint session on it (tests/placement/keyed_engine.py). Node 1 (another namespace,
 joined by a veth pair) then calls both: without the key, or with a wrong one, the engine
-refuses ``/v1/completions`` (vLLM's own check) and the dev routes ``/collective_rpc``,
-``/is_paused`` and ``/metrics`` (vime's middleware, :mod:`vime.engine.vllm_auth`) with 401;
-with the run's key it serves them. ``/health`` stays open. The endpoint session refuses a
+refuses ``/v1/completions`` and the dev routes ``/collective_rpc`` and ``/is_paused`` with
+401 (vime's middleware, :mod:`vime.engine.vllm_auth`, in front of vLLM's own ``/v1`` check);
+with the run's key it serves them. ``GET /health`` and ``GET /metrics`` stay open. The endpoint session refuses a
 request without its token, or with another, with OpenAI's 401 error, and answers with it.
 The engine listens on node 0's address towards node 1 only: not on 127.0.0.1.
 
@@ -93,7 +93,7 @@ def test_only_the_run_reaches_its_engine_and_endpoint(nodes, tiny_model_dir, tmp
     assert len(facts["key"]) >= 43 and len(facts["token"]) >= 32
     statuses = {name: status for name, (status, _) in answers.items()}
     refused = [name for name in statuses if name.endswith((" none", " wrong"))]
-    open_ = {"health none", "health wrong"}
+    open_ = {"health none", "health wrong", "metrics none", "metrics wrong"}
     for name in refused:
         assert statuses[name] == (200 if name in open_ else 401), (name, answers[name])
     for name in ("completions", "is_paused", "metrics", "health", "chat", "models"):

@@ -56,10 +56,10 @@ class EngineConfig:
             ``/stop_profile``; the train key ``trace.vllm_profile_step`` drives them).
         api_key: the engine's API key. An attached engine (``url``): the key it requires
             (its ``--api-key``), sent on every request. A launched one requires it on every
-            route but ``/health`` (:mod:`vime.engine.vllm_auth`); '' launches it open. A
-            training run's launched engines always require one: this key, or a fresh
-            random one per run when '' (:meth:`vime.placement.ranks.Ranks.engine_fleet`).
-            Saved in the run's config.yaml like every key.
+            route but ``/health`` and ``/metrics`` (:mod:`vime.engine.vllm_auth`); ''
+            launches it open. A training run's launched engines always require one: this
+            key, or a fresh random one per run when '' (``Ranks.engine_fleet``). Saved in
+            the run's config.yaml like every key.
     """
 
     model: str = ""

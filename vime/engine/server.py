@@ -1,7 +1,7 @@
 """``VLLMServer``: launch a vLLM OpenAI-compatible server as a subprocess, or attach to one.
 
 A launched server with ``config.api_key`` requires that key on every route but
-``/health`` (:mod:`vime.engine.vllm_auth` says what is protected and how); every vime
+``/health`` and ``/metrics`` (:mod:`vime.engine.vllm_auth` says what is protected and how); every vime
 client of it sends the key (:func:`vime.net.engine_headers`).
 
 A launched server runs in its own process group; :meth:`VLLMServer.stop` signals that
@@ -332,7 +332,7 @@ class VLLMServer:
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
-        if c.api_key:  # vLLM guards only /v1/*: this guards every route but /health
+        if c.api_key:  # vLLM guards only /v1/*: this guards all but /health and /metrics
             cmd += ["--middleware", f"{vllm_auth.__name__}.{vllm_auth.RequireEngineKey.__name__}"]
         if c.profiler_dir:  # serves /start_profile and /stop_profile (trace.vllm_profile_step)
             profiler = {

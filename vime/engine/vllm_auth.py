@@ -1,5 +1,5 @@
-"""ASGI middleware run inside a vime-launched vLLM server: every route but ``/health``
-requires the engine's key.
+"""ASGI middleware run inside a vime-launched vLLM server: every route but ``/health`` and
+``/metrics`` requires the engine's key.
 
 What an engine launched with a key (:class:`~vime.engine.EngineConfig` ``api_key``; a
 training run's engines always have one, and vime's clients send it:
@@ -14,8 +14,11 @@ training run's engines always have one, and vime's clients send it:
   ``/tokenize``, ``/metrics``, ``/start_profile``, ``/openapi.json`` and the rest.
 - This middleware (vLLM's ``--middleware``, outermost of the server's middleware) answers
   every HTTP request without ``Authorization: Bearer <key>`` with 401 and an OpenAI-style
-  JSON error, and closes such websockets, on every path except ``GET /health`` (liveness
-  probes; it tells nothing but "up"). The key is compared by digest, in constant time.
+  JSON error, and closes such websockets, on every path except two read-only ones, for
+  ``GET`` (and ``HEAD``): ``/health`` (liveness probes: it tells nothing but "up") and
+  ``/metrics`` (Prometheus counters: request and token counts, latencies, cache use; no
+  prompt, no reply, no weights), which monitoring reads without the run's key. The key is
+  compared by digest, in constant time.
 
 The server also listens only on the address that routes to the run's other nodes
 (127.0.0.1 on one node; :class:`~vime.engine.fleet.EngineFleet`). Traffic is plain HTTP:
@@ -25,8 +28,8 @@ Example:
     >>> guard = RequireEngineKey(app=None, key="k")
     >>> guard.allows(b"GET", "/v1/models", "Bearer k"), guard.allows(b"GET", "/health", "")
     (True, True)
-    >>> guard.allows(b"POST", "/collective_rpc", "Bearer wrong")
-    False
+    >>> guard.allows(b"POST", "/collective_rpc", "Bearer wrong"), guard.allows(b"POST", "/health", "")
+    (False, False)
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ import os
 from typing import Any
 
 KEY_ENV = "VLLM_API_KEY"  # vLLM's own variable for --api-key: both checks read one key
-OPEN_PATHS = frozenset({"/health"})  # answered without the key (GET and HEAD only)
+OPEN_PATHS = frozenset({"/health", "/metrics"})  # answered without the key (GET, HEAD only)
 UNAUTHORIZED = {
     "error": {
         "message": "missing or wrong API key: this engine belongs to a vime run",
