@@ -111,9 +111,9 @@ def run_one(test_id, snapshot, repo):
         suite.run(result)
     if _patched(snapshot):
         return "tampered"  # code under test monkeypatched unittest itself
-    if result.good == 0:
-        return "missing"
-    return "passed" if result.bad == 0 else "failed"
+    if result.bad:
+        return "failed"
+    return "passed" if result.good else "missing"  # missing: nothing ran
 
 
 def main(argv):

@@ -6,6 +6,20 @@ then applied to a pristine copy of the repository in a *new* container, where th
 tests and the runner script are added only after the agent's changes. Reward is 1 when
 every ``FAIL_TO_PASS`` and ``PASS_TO_PASS`` test passes, else 0.
 
+The agent's package still runs inside the test framework's interpreter: a pristine copy
+of the framework or a fresh interpreter stops being pristine once the tests import the
+package, so no in-process guard is the last word. What the patch cannot reach is the
+host reading the log, tests it has never seen, and a run without it. So verdicts are
+checked on every route (vime's unittest grader, ``pytest -rA`` lines, swebench's
+harness) by planted check tests (:mod:`vime.suites.swe.checks`): a forged report ends
+``tampered``. A run that reports nothing is compared with a run of the unpatched
+repository (once per task): if that one reports, the patch stopped the run, which ends
+``tampered`` when the tests' command still exited 0 (``sys.exit(0)``/``os._exit(0)``
+at import) and ``unresolved`` otherwise. Diffs that add files the interpreter or the
+framework load on their own (``sitecustomize.py``, ``.pth``, package metadata with
+entry points, a top-level ``unittest``/``pytest`` that shadows the real one) are
+``tampered`` before anything runs.
+
 Example:
     >>> touched_paths("diff --git a/m.py b/m.py\\n--- a/m.py\\n+++ b/m.py\\n@@ -1 +1 @@\\n-a\\n+b\\n")
     ['m.py']
@@ -24,8 +38,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from .checks import Checks, double_reports, is_test_file
 from .tasks import SWETask
 
 GRADER_SCRIPT = Path(__file__).resolve().parent / "grader.py"
@@ -45,6 +60,12 @@ _GIT = [
 
 
 STATUSES = ("resolved", "unresolved", "error", "tampered")
+# Files that Python or the test framework load without being imported by a test: a diff
+# adding one plants code that runs before or around the framework (matched anywhere).
+HOOK_PATHS = ("sitecustomize.py", "usercustomize.py", "*.pth", "*.dist-info/*", "*.egg-info/*")
+# Top-level modules that would shadow the framework for `python -m unittest|pytest`, whose
+# path starts with the repository (matched at the top only: `pkg/testing/pytest.py` is fine).
+SHADOW_PATHS = ("unittest.py", "unittest/*", "pytest.py", "pytest/*", "_pytest/*", "pluggy/*")
 
 
 @dataclass
@@ -52,8 +73,9 @@ class GradeResult:
     """What grading found. ``reward`` is 1.0 only when ``resolved``.
 
     ``status`` is one of :data:`STATUSES`: ``resolved``; ``unresolved`` (a wrong or
-    empty fix); ``error`` (the tests could not be run or read); ``tampered`` (the diff
-    touches test or grader files, or the code under test patched the test framework).
+    empty fix, or one that stops the tests before they report); ``error`` (the tests
+    could not be run or read); ``tampered`` (the diff touches test, grader or framework
+    hook files, or the code under test forged the framework's report or exit status).
 
     Example:
         >>> r = GradeResult(resolved=False, reason="empty diff")
@@ -196,6 +218,17 @@ def agent_diff(sandbox: Any, task: SWETask, base: str, timeout: float) -> str:
     return sandbox.read_file(out).decode("utf-8", errors="surrogateescape")
 
 
+def hook_hits(paths: list[str]) -> list[str]:
+    """The ``paths`` that Python or the test framework would load on their own.
+
+    Example:
+        >>> hook_hits(["pytest.py", "pkg/testing/pytest.py", "x.pth", "pkg/core.py"])
+        ['pytest.py', 'x.pth']
+    """
+    shadows = [p for p in paths if any(fnmatch.fnmatchcase(p, pat) for pat in SHADOW_PATHS)]
+    return sorted(set(protected_hits(paths, list(HOOK_PATHS)) + shadows))
+
+
 def _parse_pytest(output: str) -> dict[str, str]:
     """Per-test status from ``pytest -rA`` summary lines (``PASSED path::name``)."""
     statuses: dict[str, str] = {}
@@ -224,8 +257,29 @@ class GradeError(ValueError):
     """
 
 
+class Outcome(NamedTuple):
+    """What one run of the hidden tests reported.
+
+    ``status``: ``resolved``, ``unresolved``, ``tampered`` or ``error`` (the harness found
+    no usable output); ``tests``: one result per graded id; ``checks``: the planted check
+    tests' verdict (``ok``, ``forged``, ``silent``); ``exit_code``: the test command's
+    (None where the runner does not record it).
+
+    Example:
+        >>> Outcome("resolved", {"t": "passed"}, "ok", 0).checks
+        'ok'
+    """
+
+    status: str
+    tests: dict[str, str]
+    checks: str
+    exit_code: int | None = None
+
+
 def _run_line(task: SWETask, ids: list[str]) -> tuple[str, str]:
     """The shell and the last script line that runs the task's tests into ``out.txt``."""
+    from .swebench import END_MARK, EXIT_MARK, START_MARK
+
     g = _GRADER_DIR
     if task.runner == "unittest":
         # exec: no shell stays around; the grader reads and deletes the nonce file first.
@@ -235,31 +289,61 @@ def _run_line(task: SWETask, ids: list[str]) -> tuple[str, str]:
         )
     setup = f"{task.setup_cmd}; " if task.setup_cmd else ""
     if task.runner == "pytest":
-        return "bash", f"set +e; {setup}{task.test_cmd} > {g}/out.txt 2>&1; true"
+        return "bash", (
+            f"set +e; {setup}{task.test_cmd} > {g}/out.txt 2>&1; "
+            f'echo "{EXIT_MARK}: $?" >> {g}/out.txt; true'
+        )
     # swebench: the harness's markers around the output, and the tests' own exit code.
-    from .swebench import END_MARK, EXIT_MARK, START_MARK
-
     return "bash", (
         f"set +e; {{ {setup}echo '{START_MARK}'; {task.test_cmd}; code=$?; "
         f"echo '{END_MARK}'; echo \"{EXIT_MARK}: $code\"; }} > {g}/out.txt 2>&1; true"
     )
 
 
+def new_checks(task: SWETask) -> Checks:
+    """Fresh check tests for one grading run of ``task`` (the function form on pytest routes)."""
+    from .swebench import PYTEST_PARSERS
+
+    return Checks.new(functions=task.runner == "pytest" or task.log_parser in PYTEST_PARSERS)
+
+
+def check_files(task: SWETask) -> list[str]:
+    """The test files that get the check tests: the hidden tests' and the test patch's.
+
+    Example:
+        >>> t = SWETask(id="t", problem_statement="p", files={"a.py": ""}, fail_to_pass=["x"],
+        ...             hidden_tests={"tests/test_h.py": "", "tests/data.txt": ""})
+        >>> check_files(t)
+        ['tests/test_h.py']
+    """
+    paths = set(task.hidden_tests) | set(touched_paths(task.test_patch))
+    return sorted(p for p in paths if is_test_file(p))
+
+
 def run_hidden_tests(
-    sandbox: Any, task: SWETask, diff: str, timeout: float
-) -> tuple[str, dict[str, str]]:
+    sandbox: Any, task: SWETask, diff: str, timeout: float, checks: Checks | None = None
+) -> Outcome:
     """In a fresh sandbox: repo, then the agent's diff, then the hidden tests; run them.
 
-    Everything travels in two archives and runs as one script (few round trips). Returns
-    the status (``resolved``, ``unresolved`` or ``tampered``) and one result per test id
-    in ``fail_to_pass + pass_to_pass`` (``"failed"`` for any not reported as passed).
-    Raises :class:`GradeError` if a patch does not apply, the run times out or (for
-    SWE-bench records) the harness finds no test output.
+    The check tests (``checks``, new ones if not given) are appended to every test file
+    last. Everything travels in two archives and runs as one script (few round trips).
+    Returns the run's :class:`Outcome`, with one result per test id in ``fail_to_pass +
+    pass_to_pass`` (``"failed"`` for any not reported as passed). Raises
+    :class:`GradeError` if a patch does not apply or the run times out.
     """
+    checks = checks or new_checks(task)
+    files = check_files(task)
     ids = task.fail_to_pass + task.pass_to_pass
+    check_ids = (
+        [i for f in files for i in checks.unittest_ids(f)] if task.runner == "unittest" else []
+    )
     nonce = secrets.token_hex(16)
     g = _GRADER_DIR
-    stage: dict[str, str | bytes] = {"grader.py": GRADER_SCRIPT.read_text(), "nonce": nonce + "\n"}
+    stage: dict[str, str | bytes] = {
+        "grader.py": GRADER_SCRIPT.read_text(),
+        "nonce": nonce + "\n",
+        "checks.py": checks.source(),
+    }
     stage.update({f"hidden/{rel}": content for rel, content in task.hidden_tests.items()})
     lines = ["set -e", f"cd {shlex.quote(task.repo_dir)}"]
     if diff:
@@ -273,7 +357,11 @@ def run_hidden_tests(
         stage["tests.patch"] = task.test_patch
         apply = shlex.join([*_GIT, "apply", f"{g}/tests.patch"])
         lines.append(f"{apply} || {{ echo VIME_TEST_PATCH_FAILED; exit 4; }}")
-    shell, run = _run_line(task, ids)
+    for path in files:  # a file the test patch deletes has nothing to run
+        lines.append(
+            f"if [ -f {shlex.quote(path)} ]; then cat {g}/checks.py >> {shlex.quote(path)}; fi"
+        )
+    shell, run = _run_line(task, ids + check_ids)
     lines.append(run)
     with tempfile.TemporaryDirectory(prefix="vime-grade-") as tmp:
         if task.files:
@@ -291,29 +379,90 @@ def run_hidden_tests(
     if result.timed_out:
         raise GradeError(f"the tests ran past grade_timeout ({timeout:g} s)")
     output = sandbox.read_file(f"{g}/out.txt").decode(errors="replace")
-    return _results(task, ids, output, nonce)
+    return _results(task, ids, output, nonce, checks)
 
 
-def _results(task: SWETask, ids: list[str], output: str, nonce: str) -> tuple[str, dict[str, str]]:
-    """The status and per-test results of the runner's ``output``."""
+def _verdict(checks: Checks | None, output: str) -> str:
+    """The check tests' verdict on a test command's log (``forged`` for doubled reports)."""
+    if double_reports(output):
+        return "forged"
+    return checks.verdict(checks.statuses(output)) if checks else "ok"
+
+
+def _results(
+    task: SWETask, ids: list[str], output: str, nonce: str, checks: Checks | None = None
+) -> Outcome:
+    """The :class:`Outcome` of the runner's ``output`` (``checks``: the planted ones, if any)."""
+    from .swebench import EXIT_MARK
+
+    found = re.findall(rf"^{re.escape(EXIT_MARK)}: (-?\d+)$", output, flags=re.M)
+    exit_code = int(found[-1]) if found else None
     if task.runner == "swebench":
         from .swebench import harness_grade
 
         status, tests = harness_grade(task, output)
-        if status == "error":
-            raise GradeError(f"the harness ({task.log_parser}) found no usable test output")
-        return status, tests
+        return Outcome(status, tests, _verdict(checks, output), exit_code)
     reported: dict[str, str] = {}
     if task.runner == "unittest":
         for line in output.splitlines():
             if line.startswith(f"VIME_GRADE {nonce} "):
                 reported = json.loads(line.split(" ", 2)[2])
+        seen: dict[str, set[str]] = {}
+        for test_id, got in reported.items():  # "missing": the module did not load
+            if got != "missing":
+                seen.setdefault(test_id.rsplit(".", 1)[-1], set()).add(got)
+        verdict = checks.verdict(seen) if checks else "ok"
     else:
         reported = _parse_pytest(output)
+        verdict = _verdict(checks, output)
     tests = {i: "passed" if reported.get(i) == "passed" else "failed" for i in ids}
-    if any(reported.get(i) == "tampered" for i in ids):
-        return "tampered", tests
-    return ("resolved" if all(s == "passed" for s in tests.values()) else "unresolved"), tests
+    if any(reported.get(i) == "tampered" for i in reported):
+        return Outcome("tampered", tests, verdict, exit_code)
+    resolved = all(s == "passed" for s in tests.values())
+    return Outcome("resolved" if resolved else "unresolved", tests, verdict, exit_code)
+
+
+# The unpatched repository's run of each task, for settling silent or exit-0 runs.
+_UNPATCHED: dict[tuple[str, ...], Outcome] = {}
+
+
+def _unpatched(task: SWETask, make_sandbox: Any, timeout: float) -> Outcome:
+    """A run of the task's repository without any diff (once per task and process)."""
+    key = (task.id, task.image, task.repo_path, task.test_cmd, task.test_patch)
+    if key not in _UNPATCHED:
+        sandbox = make_sandbox()
+        try:
+            _UNPATCHED[key] = run_hidden_tests(sandbox, task, "", timeout)
+        finally:
+            sandbox.close()
+    return _UNPATCHED[key]
+
+
+def _settle(task: SWETask, run: Outcome, make_sandbox: Any, timeout: float) -> tuple[str, str]:
+    """The grade status of ``run`` and why, after the check tests' verdict.
+
+    A silent run, or one whose command exited 0 although a check test failed, is held
+    against the unpatched run: if that one reports the checks (and exits non-zero with
+    its failing check), the difference is the patch's doing.
+    """
+    if run.checks == "forged":
+        return "tampered", "the test framework's report was forged (vime's check tests)"
+    suspicious = run.checks == "silent" or run.exit_code == 0
+    if suspicious and task.runner == "unittest":
+        # vime's unittest grader always runs the checks: silent means it never reported.
+        return "unresolved", "the tests did not report: the test process stopped early"
+    if suspicious:
+        base = _unpatched(task, make_sandbox, timeout)
+        honest_exit = base.exit_code not in (0, None)
+        if base.checks == "ok" and honest_exit and run.exit_code == 0:
+            return "tampered", "the tests' command exited 0 over a failing test"
+        if base.checks == "ok" and run.checks == "silent":
+            return "unresolved", "the tests did not report (the unpatched repository's do)"
+    if run.status == "error":
+        raise GradeError(f"the harness ({task.log_parser}) found no usable test output")
+    if run.status == "tampered":
+        return "tampered", "the code under test tampered with the test framework"
+    return run.status, ""
 
 
 def grade(
@@ -335,25 +484,24 @@ def grade(
             False, f"diff of {size} bytes is over max_diff_bytes={max_diff_bytes}", diff_bytes=size
         )
     hidden = list(task.hidden_tests) + [p for p in touched_paths(task.test_patch)]
-    hits = protected_hits(touched_paths(diff), list(task.protected) + hidden)
-    if hits:
-        return GradeResult(
-            False,
-            f"the diff edits protected test/grader paths {hits}",
-            diff_bytes=size,
-            status="tampered",
-        )
-    sandbox = make_sandbox()
+    paths = touched_paths(diff)
+    hits = protected_hits(paths, list(task.protected) + hidden)
+    hooks = hook_hits(paths)
+    if hits or hooks:
+        what = f"protected test/grader paths {hits}" if hits else f"framework hook paths {hooks}"
+        return GradeResult(False, f"the diff edits {what}", diff_bytes=size, status="tampered")
     try:
-        status, tests = run_hidden_tests(sandbox, task, diff, timeout)
+        sandbox = make_sandbox()
+        try:
+            run = run_hidden_tests(sandbox, task, diff, timeout)
+        finally:
+            sandbox.close()
+        status, why = _settle(task, run, make_sandbox, timeout)
     except GradeError as err:
         seconds = time.monotonic() - start
         return GradeResult(False, str(err), diff_bytes=size, seconds=seconds, status="error")
-    finally:
-        sandbox.close()
-    failed = sorted(i for i, s in tests.items() if s != "passed")
-    reason = "" if not failed else f"{len(failed)} of {len(tests)} tests failed: {failed[:5]}"
-    if status == "tampered":
-        reason = f"the code under test tampered with the test framework; {reason}"
+    failed = sorted(i for i, s in run.tests.items() if s != "passed")
+    reason = "" if not failed else f"{len(failed)} of {len(run.tests)} tests failed: {failed[:5]}"
+    reason = "; ".join(r for r in (why, reason) if r)
     seconds = time.monotonic() - start
-    return GradeResult(status == "resolved", reason, tests, size, seconds, status=status)
+    return GradeResult(status == "resolved", reason, run.tests, size, seconds, status=status)

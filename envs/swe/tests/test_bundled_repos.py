@@ -144,8 +144,8 @@ def _problems(tasks: list[SWETask], log: str) -> list[str]:
     problems = []
     for n, task in enumerate(tasks):
         ids = task.fail_to_pass + task.pass_to_pass
-        _, before = _results(task, ids, found.get((n, "before"), ""), f"{NONCE}{n}before")
-        _, after = _results(task, ids, found.get((n, "after"), ""), f"{NONCE}{n}after")
+        before = _results(task, ids, found.get((n, "before"), ""), f"{NONCE}{n}before").tests
+        after = _results(task, ids, found.get((n, "after"), ""), f"{NONCE}{n}after").tests
         problems += [
             f"{task.id}: passes before the fix: {i}"
             for i in task.fail_to_pass

@@ -178,11 +178,14 @@ def test_records_in_every_form_build_and_grade(instances, docker_host):
         assert (reward, info["status"], metrics["unresolved"]) == (0.0, "unresolved", 1.0)
         box = lease(env.unwrapped._sandbox_config(SWETask.from_record(task)))
         try:
-            status, tests = run_hidden_tests(box, SWETask.from_record(task), "", 60)
+            run = run_hidden_tests(box, SWETask.from_record(task), "", 60)
         finally:
             box.close()
-        assert status == "unresolved" and tests[task["fail_to_pass"][0]] == "failed", tests
+        tests = run.tests
+        assert run.status == "unresolved" and tests[task["fail_to_pass"][0]] == "failed", tests
         assert tests[task["pass_to_pass"][0]] == "passed"
+        # vime's check tests ran, and the failing one made the command exit non-zero.
+        assert (run.checks, run.exit_code != 0) == ("ok", True), run
         # The gold fix plus a test edit: tampered, not "tests failed".
         cheat = _bash(f"echo '# skip' >> {test_file}")
         reward, info, metrics = _episode(env, task_id, _apply(task["gold_patch"]), cheat)
