@@ -394,7 +394,7 @@ def worker(settings_file: str) -> int:
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     s = json.loads(Path(settings_file).read_text())
     torch.set_num_threads(s["threads"])
@@ -413,41 +413,8 @@ def worker(settings_file: str) -> int:
         return rewards
 
     model = AutoModelForCausalLM.from_pretrained(s["model"], dtype=torch.float32)
-    optimizer = torch.optim.AdamW(
-        model.parameters(),
-        lr=s["lr"],
-        betas=tuple(s["betas"]),
-        eps=s["eps"],
-        weight_decay=s["weight_decay"],
-    )
-    warmup = max(s["warmup_steps"], 1)
-    # vime's schedule: lr · min(1, k / warmup) at step k = 1, 2, ... (LambdaLR's s is k - 1).
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
-    config = GRPOConfig(
-        output_dir=str(out),
-        max_steps=s["steps"],
-        per_device_train_batch_size=s["tasks_per_step"] * s["samples_per_task"],
-        gradient_accumulation_steps=1,
-        num_generations=s["samples_per_task"],
-        num_iterations=1,
-        max_completion_length=s["max_tokens"],
-        temperature=s["temperature"],
-        top_p=1.0,
-        top_k=0,
-        beta=0.0,
-        bf16=False,  # float32, as vime's engine=cpu and trainer
-        fp16=False,
-        loss_type="dapo",  # token-mean over the step's batch
-        shuffle_dataset=False,  # the main job's order
-        max_grad_norm=s["grad_clip"],
-        save_strategy="steps",
-        save_steps=s["save_every"] or s["steps"],
-        logging_steps=1,
-        report_to="none",
-        use_cpu=True,
-        seed=s["seed"],
-        disable_tqdm=True,
-    )
+    optimizer, schedule = _vime_optimizer(model, s)
+    config = _trl_config(s, out)
 
     class Timed(GRPOTrainer):
         rollout_s = 0.0
@@ -487,6 +454,55 @@ def worker(settings_file: str) -> int:
     )
     trainer.train()
     return 0
+
+
+def _vime_optimizer(model: Any, s: dict[str, Any]) -> tuple[Any, Any]:
+    """(Peer venv.) Adam with vime's trainer settings and its warm-up schedule."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        model.parameters(),
+        lr=s["lr"],
+        betas=tuple(s["betas"]),
+        eps=s["eps"],
+        weight_decay=s["weight_decay"],
+    )
+    warmup = max(s["warmup_steps"], 1)
+    # vime's schedule: lr · min(1, k / warmup) at step k = 1, 2, ... (LambdaLR's s is k - 1).
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda i: min(1.0, (i + 1) / warmup))
+    return optimizer, schedule
+
+
+def _trl_config(s: dict[str, Any], out: Path) -> Any:
+    """(Peer venv.) The GRPOConfig of the main job's problem: one generation batch of
+    tasks × samples per optimizer step, in the given order."""
+    from trl import GRPOConfig
+
+    return GRPOConfig(
+        output_dir=str(out),
+        max_steps=s["steps"],
+        per_device_train_batch_size=s["tasks_per_step"] * s["samples_per_task"],
+        gradient_accumulation_steps=1,
+        num_generations=s["samples_per_task"],
+        num_iterations=1,
+        max_completion_length=s["max_tokens"],
+        temperature=s["temperature"],
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        bf16=False,  # float32, as vime's engine=cpu and trainer
+        fp16=False,
+        loss_type="dapo",  # token-mean over the step's batch
+        shuffle_dataset=False,  # the main job's order
+        max_grad_norm=s["grad_clip"],
+        save_strategy="steps",
+        save_steps=s["save_every"] or s["steps"],
+        logging_steps=1,
+        report_to="none",
+        use_cpu=True,
+        seed=s["seed"],
+        disable_tqdm=True,
+    )
 
 
 def _check_prompt_ids(tokenizer: Any, rows: list[dict[str, Any]]) -> None:
