@@ -4,10 +4,11 @@ Node 0 (a network namespace) launches the engine of a two-node run, as
 :meth:`~vime.placement.ranks.Ranks.engine_fleet` does on every node, and opens an own-agent
 endpoint session on it (tests/placement/keyed_engine.py). Node 1 (another namespace,
 joined by a veth pair) then calls both: without the key, or with a wrong one, the engine
-refuses ``/v1/completions`` and the dev routes ``/collective_rpc`` and ``/is_paused`` with
-401 (vime's middleware, :mod:`vime.engine.vllm_auth`, in front of vLLM's own ``/v1`` check);
-with the run's key it serves them. ``GET /health`` and ``GET /metrics`` stay open. The endpoint session refuses a
-request without its token, or with another, with OpenAI's 401 error, and answers with it.
+refuses ``/v1/completions`` and the dev routes ``/collective_rpc`` and ``/is_paused``
+with 401 (vime's middleware, :mod:`vime.engine.vllm_auth`, before vLLM's ``/v1`` check);
+with the run's key it serves them. ``GET /health`` and ``GET /metrics`` stay open. The
+endpoint session refuses a request without its token, or with another, with OpenAI's 401
+error, and answers with it.
 The engine listens on node 0's address towards node 1 only: not on 127.0.0.1.
 
 Needs root and ``ip`` (iproute2); skipped where namespaces cannot be made. One vLLM start

@@ -6,11 +6,11 @@ An unmodified agent program talks to :class:`AgentEndpoint` as to any model serv
 ``http://HOST:PORT/sessions/{id}/v1``, and its own random token (``api_key``): a request
 without ``Authorization: Bearer <token>`` is answered with OpenAI's 401 error
 (``invalid_api_key``), so only the agent given the session can play it. What a session
-records, and which requests it refuses, is :mod:`vime.agents.agent_session`'s. Replies are sampled by vLLM through the
-:class:`~vime.agents.policy_client.PolicyClient` with the endpoint's sampling settings
-(the RL run's: a request's ``temperature`` and the like are not used; its ``max_tokens``
-or ``max_completion_tokens`` may only lower the per-turn cap), and any ``model`` name is
-accepted: the policy being trained answers.
+records, and which requests it refuses, is :mod:`vime.agents.agent_session`'s. Replies
+are sampled by vLLM through the :class:`~vime.agents.policy_client.PolicyClient` with the
+endpoint's sampling settings (the RL run's: a request's ``temperature`` and the like are
+not used; its ``max_tokens`` or ``max_completion_tokens`` may only lower the per-turn
+cap), and any ``model`` name is accepted: the policy being trained answers.
 
 A request is checked as the OpenAI API checks it (:mod:`vime.agents.openai_api`: roles,
 required fields, tools, tool replies, ranges); every error, an unknown route's too, is
@@ -22,8 +22,8 @@ continues, choice 0 until then and if the session ends first
 
 :meth:`AgentEndpoint.run` plays one episode: it resets the env for the task, starts the
 agent command with ``OPENAI_BASE_URL`` (the session's base URL) and ``OPENAI_API_KEY``
-(its token) set and the task's prompt (the env's last opening user message) on stdin, waits for it
-to exit, and has the env grade the agent's last reply. Endings:
+(its token) set and the task's prompt (the env's last opening user message) on stdin,
+waits for it to exit, and has the env grade the agent's last reply. Endings:
 
 - the agent exits 0: ``completed`` (the env terminated on the reply) or ``truncated``;
 - it exits non-zero: ``error`` (its stderr's end in the reason), not graded;

@@ -1,8 +1,8 @@
 """``VLLMServer``: launch a vLLM OpenAI-compatible server as a subprocess, or attach to one.
 
 A launched server with ``config.api_key`` requires that key on every route but
-``/health`` and ``/metrics`` (:mod:`vime.engine.vllm_auth` says what is protected and how); every vime
-client of it sends the key (:func:`vime.net.engine_headers`).
+``/health`` and ``/metrics`` (:mod:`vime.engine.vllm_auth` says what is protected and
+how); every vime client of it sends the key (:func:`vime.net.engine_headers`).
 
 A launched server runs in its own process group; :meth:`VLLMServer.stop` signals that
 group only (by PID: SIGTERM, then SIGKILL after a grace period). An attached server

@@ -28,7 +28,7 @@ Example:
     >>> guard = RequireEngineKey(app=None, key="k")
     >>> guard.allows(b"GET", "/v1/models", "Bearer k"), guard.allows(b"GET", "/health", "")
     (True, True)
-    >>> guard.allows(b"POST", "/collective_rpc", "Bearer wrong"), guard.allows(b"POST", "/health", "")
+    >>> guard.allows(b"POST", "/pause", "Bearer k2"), guard.allows(b"POST", "/health", "")
     (False, False)
 """
 

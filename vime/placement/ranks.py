@@ -13,8 +13,8 @@ exchanged with one ``all_gather_object`` (torch.distributed's rendezvous store c
 process group), and external URLs join the same fleet. Only the run reaches its engines:
 they listen on the address that routes to the other nodes (127.0.0.1 on one node) and
 require the run's key, made by rank 0 and broadcast on the control group before launch
-(``engine.api_key`` when set; :mod:`vime.engine.vllm_auth` says what it guards). A node restarts its own engines
-when :meth:`TrainerGroup.restart_dead_engines` asks.
+(``engine.api_key`` when set; :mod:`vime.engine.vllm_auth` says what it guards). A node
+restarts its own engines when :meth:`TrainerGroup.restart_dead_engines` asks.
 
 Usage (no doctest: it joins torch.distributed and needs a built trainer): ``ranks =
 Ranks.start(PlacementConfig())``, ``group = TrainerGroup(trainer, ranks)``, then
