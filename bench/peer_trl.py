@@ -58,6 +58,7 @@ TRL_VERSION = "1.16.0"
 # the model the same way (pip reuses the CPU torch wheel it already has).
 SHARED_PACKAGES = ("torch", "transformers", "math-verify")
 TIME_KEYS = ("step_s", "rollout_s", "train_s", "sync_s")
+EVAL_STARTUP_S = 900.0  # how long the eval of TRL's checkpoint waits for its vLLM server
 
 
 def steady_median(rows: list[dict[str, float]], key: str) -> float:
@@ -282,7 +283,10 @@ def eval_checkpoint(work: Path, folder: Path, steps: int) -> float:
 
     cfg = load_config(main_job_overrides(work / "eval", steps))
     _, held_out = task_sources(cfg)
-    server = VLLMServer(dataclasses.replace(cfg.engine, model=str(folder))).start()
+    # Untimed: a busy machine may take minutes to start vLLM (one took over 240 s).
+    patience = max(cfg.engine.startup_timeout_s, EVAL_STARTUP_S)
+    engine = dataclasses.replace(cfg.engine, model=str(folder), startup_timeout_s=patience)
+    server = VLLMServer(engine).start()
 
     async def scored() -> dict[str, float]:
         policy = PolicyClient.from_urls(server.url)
