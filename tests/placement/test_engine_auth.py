@@ -75,7 +75,7 @@ def test_only_the_run_reaches_its_engine_and_endpoint(nodes, tiny_model_dir, tmp
     helper = [sys.executable, "-m", "tests.placement.keyed_engine"]
     node0 = nodes.spawn(0, [*helper, str(facts_path), str(tiny_model_dir), nodes.addrs[1]], log)
     try:
-        facts = _wait_for(facts_path, node0, log, timeout_s=240)
+        facts = _wait_for(facts_path, node0, log, timeout_s=360)
         facts["model"] = tiny_model_dir.name
         facts_path.write_text(json.dumps(facts))
         called = nodes.run(1, [sys.executable, "-c", CALLS, str(facts_path)], timeout=240)
