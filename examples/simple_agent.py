@@ -1,4 +1,4 @@
-"""An unmodified agent on the openai SDK: one question, one reply. vime trains it (docs/own_agent.md)."""
+"""An unmodified agent on the openai SDK: one question, one reply. vime trains it (docs/extend.md)."""
 
 import sys
 

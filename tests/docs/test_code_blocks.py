@@ -480,6 +480,15 @@ def test_the_extend_page_shows_the_generation_example_file():
     assert block.code == (ROOT / "examples" / "generate_math.py").read_text()
 
 
+def test_the_extend_page_shows_the_simple_agent_file():
+    """docs/extend.md's learning agent is examples/simple_agent.py, which
+    bench/agent_learns.py trains and tests/agents/test_agent_command.py runs."""
+    (block,) = [
+        b for b in BLOCKS if b.page == "docs/extend.md" and "question = sys.stdin" in b.code
+    ]
+    assert block.code == (ROOT / "examples" / "simple_agent.py").read_text()
+
+
 def test_the_extend_page_shows_the_orchestrator_example_file():
     """docs/extend.md's orchestrator is examples/orchestrator_until_full.py, which
     tests/rl/test_orchestrator.py checks against the contract and trains for 2 steps."""
