@@ -39,6 +39,7 @@ from typing import Any
 from transformers import AutoTokenizer
 
 import vime.envs as envs
+from vime.agents.generate import mask_runs
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
@@ -75,18 +76,6 @@ def sampled_by_ids(path: Path) -> dict[tuple[int, ...], list[list[float]]]:
     return sampled
 
 
-def sampled_runs(mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of loss-mask-1 tokens."""
-    found, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            found.append((start, i))
-            start = None
-    return found
-
-
 def check(run_dir: Path) -> dict:
     """The two per-token checks over every trained episode of ``run_dir``, against the
     choices saved beside it; counts of what was checked."""
@@ -113,7 +102,7 @@ def check(run_dir: Path) -> dict:
             )  # fmt: skip
             prompts[ep.task_id] = demo.tokens[: demo.loss_mask.index(1)]
         counts["prompt_mismatches"] += ep.tokens[:first] != prompts[ep.task_id]
-        for start, end in sampled_runs(ep.loss_mask):
+        for start, end in mask_runs(ep.loss_mask):
             ids = tuple(ep.tokens[start:end])
             counts["sampled_tokens"] += end - start
             if sampled is None:

@@ -26,6 +26,7 @@ from tests._train import quick_train
 from vime.agents import Collector, CollectorConfig, PolicyClient
 from vime.agents.agent_command import AgentCommand
 from vime.agents.endpoint import EndpointConfig
+from vime.agents.generate import mask_runs
 from vime.buffer import DataBuffer
 from vime.errors import ConfigError
 from vime.types import EpisodeStatus, SamplingParams
@@ -50,18 +51,6 @@ if "litter" in prompt:  # a real session first: the litter must still make it an
     subprocess.run([sys.executable, sys.argv[2]], input=prompt, text=True, check=True)
     grandchild("litter")
 """
-
-
-def runs(mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of loss-mask-1 tokens."""
-    found, start = [], None
-    for i, m in enumerate([*mask, 0]):
-        if m and start is None:
-            start = i
-        elif not m and start is not None:
-            found.append((start, i))
-            start = None
-    return found
 
 
 @pytest.mark.engine
@@ -98,7 +87,7 @@ def test_train_runs_the_agent_on_every_sample(shared_engine, tmp_path, monkeypat
         assert ep.status in (EpisodeStatus.COMPLETED, EpisodeStatus.TRUNCATED), ep.reason
         assert ep.metadata["own_agent"] and ep.metrics["turns"] >= 1
         assert ep.env_id == "vime/Math-v0" and sum(ep.loss_mask) > 0
-        for start, end in runs(ep.loss_mask):  # each reply: ids and log-probs as vLLM sent
+        for start, end in mask_runs(ep.loss_mask):  # each reply: ids and log-probs as vLLM sent
             assert tuple(ep.tokens[start:end]) in sampled
             assert ep.rollout_logprobs[start:end] in sampled[tuple(ep.tokens[start:end])]
     groups: dict[str, list[int]] = {}

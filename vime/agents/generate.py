@@ -257,7 +257,7 @@ def check_sampled(episode: Episode, completions: list[Completion]) -> None:
         [-1, 2, 2]
     """
     unused = [c for c in completions if c.token_ids]
-    for start, end in _runs(episode.loss_mask):
+    for start, end in mask_runs(episode.loss_mask):
         k = start
         while k < end:
             found = next(
@@ -300,8 +300,13 @@ def _record_sampler(episode: Episode, completion: Completion) -> None:
     episode.sampler = completion.sampler
 
 
-def _runs(mask: list[int]) -> list[tuple[int, int]]:
-    """(start, end) of each run of 1s in ``mask``."""
+def mask_runs(mask: list[int]) -> list[tuple[int, int]]:
+    """(start, end) of each run of 1s in ``mask``: a sample's sampled stretches.
+
+    Example:
+        >>> mask_runs([0, 1, 1, 0, 1])
+        [(1, 3), (4, 5)]
+    """
     runs, start = [], None
     for i, m in enumerate([*mask, 0]):
         if m and start is None:
