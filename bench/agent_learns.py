@@ -18,7 +18,7 @@ It checks, and prints:
   responses the run's policy client received), token by token;
 - **the eval reward rises** by ``--rise`` (0.15) from before step 1 to the last step.
 
-Exit status 1 if a check fails. Figures: bench/RESULTS.md, "An agent you already have".
+Exit status 1 if a check fails. Figures: docs/extend.md, "Does an agent learn?".
 
 Usage::
 
