@@ -4,7 +4,8 @@ A checkpoint holds the model and optimizer as *sharded* tensors (each rank write
 slices, with their global offsets), so it can be loaded at another TP / PP / DP layout. It
 also holds the LR scheduler, the step counter and the RNG states (torch CPU, CUDA when
 present, Python ``random``) as common (rank-0) state: vime seeds every rank identically and
-runs with dropout 0, so one RNG state is valid for any layout.
+runs with dropout 0, so one RNG state is valid for any layout. With LoRA
+(:mod:`vime.trainer.lora`) the model part is the adapters only: the base is frozen.
 
 Example (skipped as a doctest: it needs a Megatron model and optimizer, built after
 :func:`vime.trainer.parallel.init_distributed`):
@@ -41,11 +42,35 @@ def _set_rng_state(state: dict[str, Any]) -> None:
 
 
 def _sharded_state(model: Any, optimizer: Any, *, is_loading: bool) -> dict[str, Any]:
+    from vime.trainer.lora import lora_of
+
     model_sd = model.sharded_state_dict()
+    if lora_of(model) is not None:
+        # LoRA: the frozen base is the run's model folder, loaded at start; only the
+        # adapters (and their optimizer state) change, so only they are saved.
+        model_sd = {k: v for k, v in model_sd.items() if k.startswith("lora.")}
     return {
         "model": model_sd,
         "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
     }
+
+
+def _is_lora(model: Any, state: dict[str, Any]) -> bool:
+    """True for a LoRA model's adapter-only state; raises if the checkpoint and the model
+    disagree on LoRA (a full checkpoint into adapters, or adapters into a full model)."""
+    from vime.trainer.lora import lora_of
+
+    lora, saved = (
+        lora_of(model) is not None,
+        bool(state) and all(k.startswith("lora.") for k in state),
+    )
+    if lora != saved:
+        raise TrainerError(
+            "trainer.lora.rank: the checkpoint was saved "
+            f"{'with' if saved else 'without'} LoRA adapters, the trainer has "
+            f"{'them' if lora else 'none'}; resume with the trainer.lora.rank it was saved with"
+        )
+    return lora
 
 
 def save_checkpoint(
@@ -91,7 +116,7 @@ def load_checkpoint(folder: str | Path, model: Any, optimizer: Any, scheduler: A
     with cpu_device_scope():
         state = _sharded_state(model, optimizer, is_loading=True)
         loaded = dist_checkpointing.load(state, str(folder))
-        model.load_state_dict(loaded["model"])
+        model.load_state_dict(loaded["model"], strict=not _is_lora(model, loaded["model"]))
         optimizer.load_state_dict(loaded["optimizer"])
         common = dist_checkpointing.load_common_state_dict(str(folder))
     scheduler.load_state_dict(common["scheduler"])

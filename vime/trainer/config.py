@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from vime.config import require, require_choice
+from vime.trainer.lora import LoraConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.model import ATTENTION_BACKENDS, RECOMPUTE_MODES
 
@@ -85,6 +86,8 @@ class TrainerConfig:
     dtype: str = "float32"
     attention: str = "sdpa"
     loss: LossConfig = field(default_factory=LossConfig)
+    # LoRA RL (vime.trainer.lora): rank > 0 trains adapters only, the base frozen.
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
     def __post_init__(self) -> None:
         require(self.lr > 0, "trainer.lr", f"must be > 0, got {self.lr}")
@@ -127,6 +130,8 @@ class TrainerConfig:
         )
         if isinstance(self.loss, dict):
             self.loss = LossConfig(**self.loss)
+        if isinstance(self.lora, dict):
+            self.lora = LoraConfig(**self.lora)
         require(self.minibatches >= 1, "trainer.minibatches", "must be >= 1")
         default = LossConfig()
         require(

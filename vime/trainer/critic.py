@@ -42,6 +42,7 @@ from vime.config import require
 from vime.errors import TrainerError
 from vime.trainer.batching import MicroBatch
 from vime.trainer.config import TrainerConfig
+from vime.trainer.lora import LoraConfig
 from vime.trainer.losses import value_loss
 from vime.trainer.step import Trainer
 from vime.types import Sample
@@ -112,6 +113,7 @@ def critic_trainer_config(trainer: TrainerConfig, critic: CriticConfig) -> Train
         warmup_steps=0,
         lr_decay_steps=0,
         lr_decay_style="constant",
+        lora=LoraConfig(),  # the critic trains whole (trainer.lora is the policy's)
     )
 
 

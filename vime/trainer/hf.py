@@ -372,12 +372,26 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
         >>> export_hf(model, "runs/x/hf_step_10", like="ckpt/hf")  # doctest: +SKIP
         PosixPath('runs/x/hf_step_10')
     """
+    tensors = hf_export_tensors(model, like=like, out=out_folder)
+    return None if tensors is None else write_hf(tensors, out_folder, like=like)
+
+
+def hf_export_tensors(
+    model: Any, *, like: str | Path, out: str | Path = "the export"
+) -> dict[str, torch.Tensor] | None:
+    """The tensors :func:`export_hf` writes (names and dtypes of ``like``), on global rank
+    0 (``None`` elsewhere); collective, as :func:`hf_state_dict`. (The delta weight sync
+    keeps them: :mod:`vime.sync.delta_export`.)
+
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
+        >>> sorted(hf_export_tensors(model, like="ckpt/hf"))[0]  # doctest: +SKIP
+        'lm_head.weight'
+    """
     state = hf_state_dict(model)
     if state is None:
         return None
-    like, out = Path(like), Path(out_folder)
     dtypes: dict[str, str] = {}
-    for path in _weight_files(like):
+    for path in _weight_files(Path(like)):
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():  # noqa: SIM118
                 dtypes[key] = f.get_slice(key).get_dtype()
@@ -389,6 +403,21 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
             f"export to {out}: tensors differ from {like}: missing "
             f"{sorted(set(dtypes) - set(state))[:5]}, extra {sorted(set(state) - set(dtypes))[:5]}"
         )
+    return {k: v.to(_SAFETENSORS_DTYPES[str(dtypes[k])]) for k, v in state.items()}
+
+
+def write_hf(tensors: dict[str, torch.Tensor], out_folder: str | Path, *, like: str | Path) -> Path:
+    """Write ``tensors`` as the HF folder ``out_folder``, with the config, tokenizer and
+    other non-weight files of ``like``; returns the folder.
+
+    Example:
+        >>> import tempfile
+        >>> like, out = Path(tempfile.mkdtemp()), Path(tempfile.mkdtemp()) / "hf"
+        >>> _ = (like / "config.json").write_text("{}")
+        >>> sorted(p.name for p in write_hf({"w": torch.zeros(2)}, out, like=like).iterdir())
+        ['config.json', 'model.safetensors']
+    """
+    like, out = Path(like), Path(out_folder)
     out.mkdir(parents=True, exist_ok=True)
     for item in like.iterdir():
         if (
@@ -397,7 +426,6 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
             and item.name != "model.safetensors.index.json"
         ):
             shutil.copy2(item, out / item.name)
-    tensors = {k: v.to(_SAFETENSORS_DTYPES[str(dtypes[k])]) for k, v in state.items()}
     tmp = out / (WEIGHTS_NAME + ".tmp")
     save_file(tensors, str(tmp), metadata={"format": "pt"})
     tmp.replace(out / WEIGHTS_NAME)  # atomic: a reader never sees a half-written file

@@ -47,6 +47,8 @@ from vime.trainer.compat import cpu_device_scope, cuda_available, init_rng_track
 from vime.trainer.config import DTYPES, TrainerConfig
 from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_logprobs
+from vime.trainer.lora import add_lora
+from vime.trainer.lora_export import export_peft
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
 from vime.trainer.micro_batches import check_shared_prefix, micro_batches, model_tokens
 from vime.trainer.model import build_gpt_model
@@ -141,6 +143,8 @@ class Trainer:
             recompute=self.config.recompute,
         )
         load_hf_weights(model, self.hf_folder)
+        if self.config.lora.enabled:  # the base frozen, adapters trained (vime.trainer.lora)
+            add_lora(model, self.config.lora, seed=self.config.seed)
         return model
 
     def _build_optimizer(self, dtype: torch.dtype) -> Any:
@@ -557,6 +561,16 @@ class Trainer:
             PosixPath('runs/x/hf/step_3')
         """
         return export_hf(self.module, folder, like=self.hf_folder)
+
+    def export_adapter(self, folder: str | Path) -> Path | None:
+        """Write the LoRA adapters (``trainer.lora.rank`` > 0) as a PEFT folder for vLLM's
+        ``/v1/load_lora_adapter``; :meth:`export_hf` writes them merged. Collective.
+
+        Example (skipped as a doctest: it needs a :class:`Trainer` with LoRA):
+            >>> trainer.export_adapter("runs/x/adapters/v000003")  # doctest: +SKIP
+            PosixPath('runs/x/adapters/v000003')
+        """
+        return export_peft(self.module, folder, base=self.hf_folder)
 
 
 def use_fused_adam(optimizer: Any) -> None:

@@ -1,0 +1,169 @@
+"""The trainer's LoRA adapters (:mod:`vime.trainer.lora`) out: a PEFT folder, or merged.
+
+A PEFT folder is ``adapter_config.json`` + ``adapter_model.safetensors`` with the HF
+module names PEFT and vLLM load (``base_model.model.model.layers.{i}.self_attn.q_proj
+.lora_A.weight`` …). Megatron's fused linears become HF's separate ones: ``linear_qkv``'s
+one ``A`` is each of q/k/v_proj's ``lora_A`` and its ``B`` is split like the fused weight
+(its rows are the q, k and v rows); ``linear_fc1`` likewise into gate/up_proj. The merged
+export adds ``(alpha / rank) · B @ A`` to each HF weight, in float32.
+
+Example:
+    >>> peft_name(3, "self_attn", "q_proj", "A")
+    'base_model.model.model.layers.3.self_attn.q_proj.lora_A.weight'
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+from vime.trainer.hf import local_to_hf
+from vime.trainer.lora import TARGETS, LoraAdapters, LoraConfig, lora_of
+
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def peft_name(layer: int, block: str, module: str, which: str) -> str:
+    """PEFT's tensor name of HF module ``module``'s ``lora_{which}`` in ``layer``."""
+    return f"base_model.model.model.layers.{layer}.{block}.{module}.lora_{which}.weight"
+
+
+def _gather(t: torch.Tensor, dim: int) -> list[torch.Tensor]:
+    from megatron.core import parallel_state as ps
+
+    group = ps.get_tensor_model_parallel_group()
+    tp = dist.get_world_size(group)
+    if tp == 1:
+        return [t.detach()]
+    shards = [torch.empty_like(t) for _ in range(tp)]
+    dist.all_gather(shards, t.detach().contiguous(), group=group)
+    return shards
+
+
+@torch.no_grad()
+def adapter_hf_state(model: Any) -> dict[str, torch.Tensor] | None:
+    """The adapters as PEFT-named float tensors on global rank 0 (None elsewhere, and for a
+    model without adapters). Collective: every rank calls it (TP all-gather, PP gather).
+
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
+        >>> state = adapter_hf_state(trainer.module)  # doctest: +SKIP
+    """
+    from megatron.core import parallel_state as ps
+
+    while hasattr(model, "module"):  # DDP
+        model = model.module
+    adapters = lora_of(model)
+    if adapters is None:
+        return None
+    spec = model.hf_spec
+    stage: dict[str, torch.Tensor] = {}
+    for i, name, pair in adapters.pairs():
+        block, modules = TARGETS[name]
+        if pair.column:  # A whole; B's rows split like the fused weight's
+            a_full = [pair.a.detach().clone() for _ in modules]
+            kind = {"linear_qkv": "qkv", "linear_fc1": "fc1"}[name]
+            b_full = local_to_hf(kind, _gather(pair.b, 0), spec)
+        else:  # A's columns split over TP; B whole
+            a_full = local_to_hf("row", _gather(pair.a, 1), spec)
+            b_full = [pair.b.detach()]
+        for module, a, b in zip(modules, a_full, b_full, strict=True):
+            stage[peft_name(i, block, module, "A")] = a.cpu().contiguous()
+            stage[peft_name(i, block, module, "B")] = b.cpu().contiguous()
+    if ps.get_pipeline_model_parallel_world_size() > 1:
+        group = ps.get_pipeline_model_parallel_group()
+        parts: list[Any] = [None] * dist.get_world_size(group)
+        dist.all_gather_object(parts, stage, group=group)
+        stage = {k: v for part in parts for k, v in part.items()}
+    return stage if dist.get_rank() == 0 else None
+
+
+def peft_config(config: LoraConfig, base: str | Path) -> dict[str, Any]:
+    """``adapter_config.json``'s content for ``config`` on the base model folder ``base``.
+
+    Example:
+        >>> peft_config(LoraConfig(rank=8), "/m")["target_modules"][:3]
+        ['q_proj', 'k_proj', 'v_proj']
+    """
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": str(base),
+        "r": config.rank,
+        "lora_alpha": config.alpha,
+        "lora_dropout": config.dropout,
+        "target_modules": [m for t in config.targets for m in TARGETS[t][1]],
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "use_rslora": False,
+        "use_dora": False,
+        "modules_to_save": None,
+        "inference_mode": True,
+    }
+
+
+def export_peft(model: Any, folder: str | Path, *, base: str | Path) -> Path | None:
+    """Write the adapters as a PEFT folder (collective; global rank 0 writes and returns
+    the folder). Tensors are in the model's dtype.
+
+    Example (skipped as a doctest: a collective over a Megatron model's process groups):
+        >>> export_peft(trainer.module, "runs/x/adapters/v000003", base="ckpt/hf")  # doctest: +SKIP
+        PosixPath('runs/x/adapters/v000003')
+    """
+    state = adapter_hf_state(model)
+    adapters = lora_of(model)
+    if state is None or adapters is None:
+        return None
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    text = json.dumps(peft_config(adapters.config, base), indent=2)
+    (out / ADAPTER_CONFIG).write_text(text + "\n")
+    return out
+
+
+def merge_adapters(
+    state: dict[str, torch.Tensor], adapter: dict[str, torch.Tensor], scale: float
+) -> dict[str, torch.Tensor]:
+    """``state`` (HF names) with ``scale · B @ A`` of each adapted module added, in float32.
+
+    Example:
+        >>> w = {"model.layers.0.mlp.down_proj.weight": torch.zeros(2, 2)}
+        >>> ab = {peft_name(0, "mlp", "down_proj", "A"): torch.ones(1, 2),
+        ...       peft_name(0, "mlp", "down_proj", "B"): torch.ones(2, 1)}
+        >>> merge_adapters(w, ab, 0.5)["model.layers.0.mlp.down_proj.weight"]
+        tensor([[0.5000, 0.5000],
+                [0.5000, 0.5000]])
+    """
+    out = dict(state)
+    prefix = "base_model.model."
+    for name, a in adapter.items():
+        if ".lora_A." not in name:
+            continue
+        b = adapter[name.replace(".lora_A.", ".lora_B.")]
+        target = name[len(prefix) :].replace(".lora_A.weight", ".weight")
+        w = out[target]
+        out[target] = (w.float() + scale * (b.float() @ a.float())).to(w.dtype)
+    return out
+
+
+def merged_state(state: dict[str, torch.Tensor] | None, model: Any) -> dict[str, Any] | None:
+    """``state`` (:func:`~vime.trainer.hf.hf_state_dict`'s, rank 0) with the model's
+    adapters merged in; unchanged for a model without them. Collective when it has them.
+
+    Example:
+        >>> merged_state({"x": 1}, torch.nn.Linear(1, 1))
+        {'x': 1}
+    """
+    adapters: LoraAdapters | None = lora_of(model)
+    if adapters is None:
+        return state
+    adapter = adapter_hf_state(model)
+    if state is None or adapter is None:
+        return state
+    return merge_adapters(state, adapter, adapters.config.scale)
