@@ -65,6 +65,7 @@ import asyncio
 import logging
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -211,6 +212,8 @@ class PolicyClient:
         )
         self._heartbeat = Heartbeat(self._probes, lambda: self.config.heartbeat_s)
         self._batcher = RequestBatcher(self._send_batched)
+        # LoRA runs: the served name of each weight version (vime.engine.lora.adapter_name).
+        self._adapter_name: Callable[[int], str] | None = None
 
     @classmethod
     def from_urls(cls, *urls: str, **kwargs: Any) -> PolicyClient:
@@ -260,6 +263,15 @@ class PolicyClient:
             3
         """
         self._router.set_weight_version(url, version)
+
+    def serve_adapters(self, name_of: Callable[[int], str]) -> None:
+        """LoRA: each request names the adapter of the version its engine serves,
+        ``name_of(version)``; that version is the one recorded with the completion.
+
+        Example:
+            >>> c = PolicyClient.from_urls("http://a:1"); c.serve_adapters(lambda v: f"m-v{v}")
+        """
+        self._adapter_name = name_of
 
     def weight_version(self, url: str) -> int:
         """The weight version last recorded for ``url``."""
@@ -417,6 +429,8 @@ class PolicyClient:
     ) -> list[Completion]:
         """:meth:`_send` for a request of ``body["n"]`` choices: one Completion each."""
         version = self._router.weight_version(url)  # at the start (see the module docstring)
+        if self._adapter_name is not None:  # LoRA: exactly this version's adapter
+            body = {**body, "model": self._adapter_name(version)}
         n = int(body.get("n", 1))
         cost = (prompt_len + int(body.get("max_tokens") or 0)) * n
         self._router.add_inflight(url, cost)

@@ -68,6 +68,13 @@ _CRITIC_KEYS = tuple(f"critic.{f.name}" for f in dataclasses.fields(CriticConfig
 
 RULES: tuple[Needs, ...] = (
     Needs(
+        ("trainer.lora.alpha", "trainer.lora.targets", "trainer.lora.dropout"),
+        "trainer.lora.rank",
+        lambda c: c.trainer.lora.rank > 0,
+        "(LoRA is off: the whole model trains)",
+        "set trainer.lora.rank > 0 (e.g. +experiment=lora), or leave them unset",
+    ),
+    Needs(
         ("algorithm.gamma", "algorithm.gae_lambda", *_CRITIC_KEYS),
         "algorithm.advantage",
         lambda c: c.algorithm.advantage == "gae",

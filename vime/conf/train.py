@@ -480,6 +480,14 @@ class TrainConfig:
             "engines sleep then; use placement.mode=split (engines on their own devices) "
             "or rollout.mode=sync",
         )
+        lora = self.trainer.lora.rank > 0
+        require(
+            not lora or (self.sync == "disk" and not self.rollout.store),
+            "trainer.lora.rank",
+            f"> 0 syncs adapters as PEFT folders that the run's own engines load: set "
+            f"sync=disk (got {self.sync}) and no rollout.store (got {self.rollout.store!r}) "
+            "with it, or trainer.lora.rank=0",
+        )
         if self.sync == "disk":
             return
         require(

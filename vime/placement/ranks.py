@@ -217,6 +217,10 @@ class TrainerGroup:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
         return self._call("export_hf", str(folder))
 
+    def export_adapter(self, folder: str | Path) -> Path | None:
+        """LoRA: the adapters as a PEFT folder (TP shards gathered once; rank 0 writes)."""
+        return self._call("export_adapter", str(folder))
+
     def send_weights(self, transfer: Transfer, dtype: str) -> dict[str, float]:
         """GPU weight sync: every rank gathers the HF tensors on its GPU (TP shards once),
         then rank 0 drives the engines through ``transfer`` (see :mod:`vime.sync.transfer`)."""

@@ -69,6 +69,7 @@ from vime.runs.folder import (
 from vime.runs.page import rewrite_at_end
 from vime.sandbox.leases import take_figures
 from vime.sync.base import WeightSync
+from vime.sync.lora import check_adapter_advanced
 from vime.types import Episode
 
 log = logging.getLogger("vime.train")
@@ -219,6 +220,9 @@ def _learn(
     ref = group.reference_logprobs if needs_reference(cfg) else None
     values = group.critic_values if critic else None
     samples, stats = make_samples(episodes, cfg, version, ref, values)
+    if cfg.trainer.lora.rank:  # an adapter never delivered must not pass as staleness
+        staleness = cfg.rollout.max_staleness if cfg.rollout.mode == "async" else 0
+        check_adapter_advanced(samples, version, staleness)
     pause_point("train", step)  # fault tests: SIGKILL with the step buffered
     if samples:
         stats.update({f"train/{k}": v for k, v in group.train_step(samples).items()})

@@ -25,6 +25,7 @@ from vime.agents.policy_client import PolicyClient
 from vime.conf.train import TrainConfig
 from vime.engine import EngineClient, is_vllm_cpu
 from vime.engine.fleet import EngineFleet
+from vime.engine.lora import adapter_name, lora_launch
 from vime.envs import TaskSource, preflight_env
 from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.templates import with_chat_template
@@ -50,6 +51,7 @@ from vime.runs.folder import (
 )
 from vime.sync.base import WeightSync
 from vime.sync.gpu import build_weight_sync
+from vime.sync.lora import LoraWeightSync
 from vime.trainer.critic import Critic
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
@@ -144,9 +146,10 @@ def start_trainer_and_engines(
     overlap = not ranks.layout.colocated
     if not overlap:
         build_trainer()
+    rank = cfg.trainer.lora.rank  # LoRA: the engines serve the base with adapters on
     fleet = stack.enter_context(
         ranks.engine_fleet(
-            cfg.engine,
+            lora_launch(cfg.engine, rank) if rank else cfg.engine,
             model_dir,
             external=external,
             log_dir=run.logs,
@@ -251,17 +254,30 @@ def engine_clients(
     """
     engines = [EngineClient(url) for url in fleet.urls]
     policy = PolicyClient.from_urls(*fleet.urls)
-    sync = build_weight_sync(
-        cfg.sync,
-        group,
-        engines,
-        run.weights,
-        dtype=cfg.engine.dtype,
-        policy=policy,
-        restart_dead=group.restart_dead_engines,
-        pause_mode="abort" if cfg.rollout.partial_rollouts else "keep",
-    )
-    if start > 0 or external:
+    sync: WeightSync
+    if cfg.trainer.lora.rank:  # only the adapter travels; requests name its version
+        base = engines[0].served_models()[0]
+        policy.serve_adapters(functools.partial(adapter_name, base))
+        sync = LoraWeightSync(
+            group,
+            engines,
+            run.weights,
+            base=base,
+            policy=policy,
+            restart_dead=group.restart_dead_engines,
+        )
+    else:
+        sync = build_weight_sync(
+            cfg.sync,
+            group,
+            engines,
+            run.weights,
+            dtype=cfg.engine.dtype,
+            policy=policy,
+            restart_dead=group.restart_dead_engines,
+            pause_mode="abort" if cfg.rollout.partial_rollouts else "keep",
+        )
+    if start > 0 or external or cfg.trainer.lora.rank:  # LoRA: adapter v0 (= the base) too
         sync.sync(start)
     return engines, policy, sync
 

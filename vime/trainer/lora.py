@@ -58,8 +58,9 @@ class LoraConfig:
         ['linear_qkv']
     """
 
+    # Adapter rank: 0 trains the whole model; > 0 only adapters (+experiment=lora: 16).
     rank: int = 0
-    alpha: float = 32.0
+    alpha: float = 32.0  # the adapters' output is scaled by alpha / rank (PEFT's rule)
     # Megatron module names; linear_qkv is HF's q/k/v_proj, linear_fc1 gate/up_proj.
     targets: list[str] = field(default_factory=lambda: list(TARGETS))
     dropout: float = 0.0  # on the adapter's input only, while training
