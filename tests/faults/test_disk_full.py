@@ -150,7 +150,8 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
             "step_000001",
             "step_000002",
         ]
-        assert [r["step"] for r in rows(run)] == [1, 2]
+        # Step 3's row was written before its checkpoint failed.
+        assert [r["step"] for r in rows(run)] == [1, 2, 3]
 
         # Free space (here: grow the tmpfs), then resume: step 3 replays, step 4 runs.
         subprocess.run(["mount", "-o", "remount,size=64m", str(root)], check=True)
@@ -158,7 +159,8 @@ def test_a_run_that_fills_its_disk_stops_clearly_and_resumes_once_space_is_freed
         assert again.wait(timeout=300) == 0, tail(tmp_path / "resume.log")
         assert "resumed from" in (tmp_path / "resume.log").read_text()
         done = rows(run)
-        assert [r["step"] for r in done] == [1, 2, 3, 4]
+        assert [r["step"] for r in done] == [1, 2, 3, 4]  # step 3's first row superseded
+        assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").superseded()] == [3]
         assert done[2]["rollout/replayed"] == 1.0 and done[-1]["weight_version"] == 4
         check_buffer(run, 4, args)
         state = json.loads((run / "checkpoints" / "step_000004" / "state.json").read_text())

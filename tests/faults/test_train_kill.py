@@ -46,6 +46,7 @@ from tests.faults._faults import (
 )
 from vime.buffer import DataBuffer
 from vime.engine import EngineClient, VLLMServer
+from vime.observability.metrics import MetricsLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 
@@ -72,6 +73,12 @@ def _killed_at(tmp_path: Path, args: list[str], name: str, point: str) -> None:
     assert still_running(left) == []
 
 
+def _checkpointed(run: Path | None, step: int) -> Path | None:
+    """The run folder once step ``step``'s checkpoint is published, else None."""
+    found = run is not None and (run / "checkpoints" / f"step_{step:06d}").exists()
+    return run if found else None
+
+
 def _state(run: Path) -> tuple[list[int], list[str], list[int]]:
     """(buffered steps, checkpoint folders, metrics steps) of the run folder."""
     checkpoints = sorted(p.name for p in (run / "checkpoints").iterdir())
@@ -86,8 +93,9 @@ def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(shared_e
     proc = start_train(tmp_path, args, VIME_TEST_PAUSE_AT="checkpoint:1", VIME_TEST_PAUSE_S="5")
     wait_log(proc, log, "vime-test: paused at checkpoint step 1", 240)
     with held(shared_engine):  # step 1 is synced: nothing else needs the engine before step 2
-        run = wait_for("step 1", lambda: rows(run_folder(tmp_path)) and run_folder(tmp_path), 60)
-        time.sleep(2)  # step 2's rollout starts right after step 1's metrics row
+        # Step 1's checkpoint published (its metrics row comes before it).
+        run = wait_for("step 1", lambda: _checkpointed(run_folder(tmp_path), 1), 60)
+        time.sleep(2)  # step 2's rollout starts right after step 1's checkpoint
         left = kill_group(proc)
     assert still_running(left) == [], tail(log)
     assert _state(run) == ([1], ["step_000001"], [1])  # step 2 never acknowledged
@@ -103,10 +111,11 @@ def test_train_sigkilled_at_each_point_resumes_to_the_uninterrupted_run(shared_e
     assert _state(run) == ([1, 2, 3], ["step_000001", "step_000002"], [1, 2])
     assert sorted(p.name for p in (run / "weights").iterdir()) == ["v000002", "v000003.partial"]
 
-    # 4. Mid-checkpoint of step 4: the trainer state written, the checkpoint partial.
+    # 4. Mid-checkpoint of step 4: its metrics row and trainer state written, the
+    # checkpoint partial (the resumed run trains step 4 again and supersedes that row).
     _killed_at(tmp_path, resume, "resume3", "checkpoint:4")
     ckpts = ["step_000001", "step_000002", "step_000003", "step_000004.partial"]
-    assert _state(run) == ([1, 2, 3, 4], ckpts, [1, 2, 3])
+    assert _state(run) == ([1, 2, 3, 4], ckpts, [1, 2, 3, 4])
     assert (run / "checkpoints" / "step_000004.partial" / "trainer" / "common.pt").exists()
 
     # The last resume runs to the end.
@@ -134,6 +143,8 @@ def held(engine: VLLMServer) -> Iterator[None]:
 def _check_like_uninterrupted(run: Path, args: list[str], tmp_path: Path) -> None:
     done = rows(run)
     assert [r["step"] for r in done] == list(range(1, STEPS + 1))  # each step once
+    # The row of step 4 written before its checkpoint was killed: superseded on resume.
+    assert [r["step"] for r in MetricsLog(run / "metrics.jsonl").superseded()] == [4]
     # Steps 2, 3 and 4 were buffered before a kill: resumed, they trained on those episodes.
     assert [r.get("rollout/replayed", 0.0) for r in done] == [0.0, 1.0, 1.0, 1.0, 0.0]
     assert all(r["samples/trained"] == 16 for r in done)

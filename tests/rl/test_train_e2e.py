@@ -16,6 +16,7 @@ from tests._train import quick_train
 from vime.buffer import DataBuffer
 from vime.conf.compose import load_config
 from vime.envs import TaskSource
+from vime.observability.metrics import MetricsLog
 from vime.rl.loop import train
 from vime.rl.tasks import builtin_tasks
 
@@ -74,9 +75,12 @@ def test_math_runs_syncs_every_step_and_resumes(shared_engine, tmp_path):
             )
         )
     )
-    rows = [json.loads(line) for line in (first.run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3, 3, 4]
-    assert rows[3]["rollout/replayed"] == 1.0  # step 3 was not collected again
+    log = MetricsLog(first.run_dir / "metrics.jsonl")
+    rows = log.read()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]  # one row per step
+    assert rows[2]["rollout/replayed"] == 1.0  # step 3 was not collected again
+    # The first step 3's row, which the replay superseded, is kept aside.
+    assert [(r["step"], r["superseded_by_resume_from"]) for r in log.superseded()] == [(3, 2)]
     assert resumed.metrics[-1]["weight_version"] == 4
     assert _buffer_task_ids(first.run_dir, 3) == step3_before  # nothing duplicated
 
@@ -263,8 +267,9 @@ def test_two_trainer_ranks_tp2_match_one_rank_on_the_same_batch(shared_engine, t
         timeout=900,
     )
     assert done.returncode == 0, done.stderr[-4000:]
-    rows = [json.loads(line) for line in (two_dir / "metrics.jsonl").read_text().splitlines()]
-    first, second = rows[0], rows[1]
+    # The copy's step-1 row is superseded by the replay (no checkpoint: every row moved).
+    log = MetricsLog(two_dir / "metrics.jsonl")
+    (first,), (second,) = log.superseded(), log.read()
     assert second["rollout/replayed"] == 1.0
     assert second["samples/trained"] == first["samples/trained"]
     # float32 on gloo: TP=2 only reorders sums (the hidden size is split across two ranks).

@@ -56,17 +56,81 @@ class MetricsLog:
         finally:
             os.close(fd)
 
+    def supersede(self, kept_through: int) -> int:
+        """Move the rows of steps after ``kept_through`` to ``metrics.superseded.jsonl``
+        beside this file; returns how many moved.
+
+        A resumed run trains again the steps after its checkpoint (replayed from the
+        buffer), so their first rows would otherwise stand twice: this file keeps one row
+        per step, the superseded file keeps the replaced ones, each with
+        ``superseded_by_resume_from`` (the checkpoint step). ``-1`` moves every row (a run
+        resumed before its first checkpoint also redoes its step-0 eval). The superseded
+        rows are appended (and fsync'd) before this file is replaced whole, so a kill in
+        between loses nothing; a row moved twice that way is written once.
+
+        Example:
+            >>> import tempfile
+            >>> log = MetricsLog(Path(tempfile.mkdtemp()) / "metrics.jsonl")
+            >>> for step in (1, 2, 3):
+            ...     log.write(step, {"reward/mean": step / 10})
+            >>> log.supersede(kept_through=1)
+            2
+            >>> [r["step"] for r in log.read()], [r["step"] for r in log.superseded()]
+            ([1], [2, 3])
+        """
+        rows = self.read()
+        kept = [r for r in rows if r.get("step", 0) <= kept_through]
+        moved = [r for r in rows if r.get("step", 0) > kept_through]
+        if not moved:
+            return 0
+        seen = {(r.get("step"), r.get("time")) for r in self.superseded()}
+        fresh = [
+            {**r, "superseded_by_resume_from": max(kept_through, 0)}
+            for r in moved
+            if (r.get("step"), r.get("time")) not in seen
+        ]
+        _append_synced(self.superseded_path, "".join(json.dumps(r) + "\n" for r in fresh))
+        partial = self.path.with_name(self.path.name + ".partial")
+        partial.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        with partial.open("rb") as f:
+            os.fsync(f.fileno())
+        os.replace(partial, self.path)
+        return len(moved)
+
+    @property
+    def superseded_path(self) -> Path:
+        """Where :meth:`supersede` keeps the rows that resumed runs replaced."""
+        return self.path.with_name(self.path.stem + ".superseded.jsonl")
+
+    def superseded(self) -> list[dict[str, Any]]:
+        """The rows that resumed runs replaced, oldest first (see :meth:`supersede`)."""
+        return MetricsLog._records(self.superseded_path)
+
     def read(self) -> list[dict[str, Any]]:
         """All complete records; a torn last line (killed mid-write) is ignored."""
-        if not self.path.exists():
+        return MetricsLog._records(self.path)
+
+    @staticmethod
+    def _records(path: Path) -> list[dict[str, Any]]:
+        if not path.exists():
             return []
         records = []
-        for line in self.path.read_text().splitlines():
+        for line in path.read_text().splitlines():
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError:
                 continue
         return records
+
+
+def _append_synced(path: Path, text: str) -> None:
+    """Append ``text`` to ``path`` and fsync it, after cutting a torn last line (a kill
+    mid-append) that the text would otherwise be glued onto."""
+    MetricsLog(path)  # (its constructor cuts the torn tail)
+    with path.open("a") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
 
 
 def _jsonable(metrics: dict[str, Any]) -> dict[str, Any]:

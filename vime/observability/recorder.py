@@ -69,6 +69,11 @@ class StepRecorder:
         if episodes is not None:
             self.tracing.end(step)
 
+    def supersede(self, kept_through: int) -> int:
+        """Move aside the rows of steps after ``kept_through``, which a resumed run trains
+        again (:meth:`vime.observability.sinks.RunMetrics.supersede`); how many moved."""
+        return self.sinks.supersede(kept_through)
+
     def read(self) -> list[dict[str, Any]]:
         """Every step's metrics so far."""
         return self.sinks.read()

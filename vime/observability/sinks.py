@@ -60,6 +60,12 @@ class RunMetrics:
         if self._wandb is not None:
             self._wandb.log(numbers, step=step)
 
+    def supersede(self, kept_through: int) -> int:
+        """Move the JSONL rows of the steps after ``kept_through`` aside (a resumed run
+        replays them): :meth:`vime.observability.metrics.MetricsLog.supersede`. TensorBoard
+        and W&B keep what they were sent: they get the replayed steps again."""
+        return self.jsonl.supersede(kept_through)
+
     def read(self) -> list[dict[str, Any]]:
         """Every step written so far (from the JSONL)."""
         return self.jsonl.read()

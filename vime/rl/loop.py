@@ -96,7 +96,7 @@ def train(cfg: TrainConfig) -> TrainResult:
     own_process = trainer_in_own_process(
         cfg.placement.trainer_process,
         mode=cfg.rollout.mode,
-        sync=cfg.sync,
+        sync=cfg.sync.method,
         world_size=int(os.environ.get("WORLD_SIZE", "1")),
     )
     ranks = Ranks.start(cfg.placement, external=len(external), join=not own_process)
@@ -121,6 +121,11 @@ def train(cfg: TrainConfig) -> TrainResult:
         tasks, held_out = task_sources(cfg)
         start = restore(run, group, tasks)
         metrics_log, buffer = _run_writers(cfg, run, fleet.urls, cleanup)
+        # The steps after the checkpoint are trained again (replayed from the buffer, or
+        # played afresh): their earlier rows move aside, so each step keeps one row. A run
+        # resumed before its first checkpoint also redoes its step-0 eval.
+        if metrics_log.supersede(start if start > 0 else -1):
+            log.info("metrics rows after step %d moved to metrics.superseded.jsonl", start)
         engines, policy, sync = engine_clients(cfg, fleet, group, run, start, external)
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
@@ -151,9 +156,11 @@ def train(cfg: TrainConfig) -> TrainResult:
             }
             if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
                 row.update(runner.run(evaluated(step=step)))
+            # The row before the checkpoint: a kill between the two loses no row (the
+            # resumed run trains the step again and supersedes it).
+            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 checkpoint(run, group, tasks, step)
-            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
             console.step(step, row)
             if cfg.plot:
                 plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
