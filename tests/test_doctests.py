@@ -65,8 +65,10 @@ STORE = {"vime.store.postgres"}
 ENGINE = {
     "vime.engine",
     "vime.engine.client",
+    "vime.engine.delta_worker",
     "vime.engine.serve",
     "vime.engine.server",
+    "vime.sync.delta_disk",
     "vime.sync.disk",
 }
 

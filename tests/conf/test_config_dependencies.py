@@ -35,6 +35,7 @@ from vime.rl.tasks import train_source
         ),
         (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
         (["rollout.store_lease_s=5"], "rollout.store_lease_s", "rollout.store"),
+        (["sync.full_every=5"], "sync.full_every", "sync.delta"),
         (
             ["rollout.store=postgresql://h/vime", "rollout.orchestrator=mine.py:f"],
             "rollout.orchestrator",
@@ -57,6 +58,7 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
         ["trainer.loss.tis=mask", "trainer.loss.tis_low=0.1"],
         ["algorithm.advantage=gae", "algorithm.gamma=0.9", "critic.lr=1e-4"],
         ["env.eval_size=0", "eval_every=0"],  # 0 is off anyway
+        ["sync.delta=true", "sync.full_every=5"],
         ["metrics.wandb=offline", "metrics.wandb_project=mine"],
         ["trainer.lr_decay_style=cosine", "trainer.lr_decay_steps=10", "trainer.min_lr=1e-5"],
         ["trainer.loss.kl_coef=0.05", "reference.offload=false"],

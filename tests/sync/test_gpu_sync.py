@@ -55,9 +55,9 @@ def test_gpu_sync_config_errors_name_the_key(overrides, key):
 
 
 def test_gpu_sync_configs_that_hold():
-    assert load_config(["sync=ipc", "engine=gpu"]).sync == "ipc"
+    assert load_config(["sync=ipc", "engine=gpu"]).sync.method == "ipc"
     cfg = load_config(["sync=nccl", "engine=gpu", "placement.mode=split"])
-    assert (cfg.sync, cfg.placement.mode) == ("nccl", "split")
+    assert (cfg.sync.method, cfg.placement.mode) == ("nccl", "split")
 
 
 def test_launch_flags_per_transport():

@@ -25,7 +25,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from vime.conf.dependencies import check_dependencies
-from vime.conf.overrides import MOVED, MOVED_GROUPS, hydra_value, mapping_values, prepare
+from vime.conf.overrides import (
+    MOVED,
+    MOVED_GROUPS,
+    SHORTHANDS,
+    hydra_value,
+    mapping_values,
+    prepare,
+)
 from vime.conf.presets import CONF_DIR, TINY_TRAINER, group_options
 from vime.conf.train import TrainConfig
 from vime.config import field_names, require
@@ -143,6 +150,9 @@ def _migrate(saved: DictConfig) -> None:
     """
     for key in _REMOVED_KEYS:
         saved.pop(key, None)
+    for key, full in SHORTHANDS.items():  # ``sync: disk`` of a run saved before sync.delta
+        if isinstance(saved.get(key), str):
+            OmegaConf.update(saved, key, {full.rpartition(".")[2]: saved.pop(key)}, merge=False)
     for old, new in MOVED.items():
         parent, _, leaf = old.rpartition(".")
         node = OmegaConf.select(saved, parent)

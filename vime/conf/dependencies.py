@@ -191,6 +191,13 @@ RULES: tuple[Needs, ...] = (
         "or leave it unset",
     ),
     Needs(
+        ("sync.full_every",),
+        "sync.delta",
+        lambda c: c.sync.delta,
+        "(every sync is a full one)",
+        "set sync.delta=true, or leave sync.full_every unset",
+    ),
+    Needs(
         ("rollout.partial_rollouts",),
         "rollout.mode",
         lambda c: c.rollout.mode == "async",

@@ -10,8 +10,8 @@ config would refuse the new keys). ``+key=value`` must name a group or a key ins
 a mapping: the typed config would drop anything else silently.
 
 Example:
-    >>> prepare(['env.kwargs={"max_turns": 3}'], {"env": ["math"]})
-    ['++env.kwargs={max_turns:3}']
+    >>> prepare(['env.kwargs={"max_turns": 3}', "sync=nccl"], {"env": ["math"]})
+    ['++env.kwargs={max_turns:3}', 'sync.method=nccl']
 """
 
 from __future__ import annotations
@@ -32,6 +32,9 @@ from vime.errors import ConfigError
 MOVED = {f"rollout.{f.name}": f"algorithm.{f.name}" for f in dataclasses.fields(AlgorithmConfig)}
 # Group choices that moved: the old group -> the new one.
 MOVED_GROUPS = {"trainer": "algorithm"}
+# A node's shorthand: ``sync=nccl`` sets ``sync.method`` (sync was one key before it had
+# its delta keys; a saved config.yaml's ``sync: nccl`` is read the same way).
+SHORTHANDS = {"sync": "sync.method"}
 
 
 def prepare(overrides: list[str], groups: dict[str, list[str]]) -> list[str]:
@@ -49,6 +52,8 @@ def prepare(overrides: list[str], groups: dict[str, list[str]]) -> list[str]:
         key, eq, value = override.partition("=")
         name = key.lstrip("+~")
         _refuse_moved(name, value, key.startswith("~") or not eq)
+        if name in SHORTHANDS and eq and not value.lstrip().startswith("{"):
+            key = name = SHORTHANDS[name]
         if name in groups or not eq:
             out.append(override)
             continue

@@ -42,6 +42,7 @@ from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig
 from vime.placement.config import PlacementConfig
+from vime.sync.config import SyncConfig
 from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
@@ -53,8 +54,6 @@ if TYPE_CHECKING:
 
 GROUPS = ("env", "model", "algorithm", "engine", "rollout")
 MODES = ("sync", "async")
-# disk: HF export + reload (CPU and GPU); nccl: split GPUs; ipc: colocated on one GPU set.
-SYNC_METHODS = ("disk", "nccl", "ipc")
 # Advantage estimators and over-long handling (vime.rl.advantages, docs/algorithms.md).
 ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
 OVERLONG_MODES = ("none", "mask", "penalty")
@@ -370,17 +369,15 @@ class TrainConfig:
     # Checkpoint every N steps (<run>/checkpoints/step_NNNNNN, all kept); 0 = only the last
     # step's (and on Ctrl-C the last completed step's), which are always saved.
     save_every: int = 10
-    # Weights to the engines each step: disk (HF export, reloaded; CPU or GPU), nccl (GPU
-    # broadcast; placement.mode=split) or ipc (CUDA IPC; placement.mode=colocated, pp=1);
-    # nccl and ipc need engine.device=cuda.
-    sync: str = "disk"
+    # Weights to the engines each step (vime.sync.config): sync.method (sync=X for short)
+    # disk / nccl / ipc; sync.delta sends only what changed; sync.full_every.
+    sync: SyncConfig = field(default_factory=SyncConfig)
     plot: bool = True  # redraw <run>/reward.png (reward/mean, eval/reward) after each step
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "steps", "must be >= 1")
         require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
         require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
-        require_choice(self.sync, "sync", SYNC_METHODS)
         self._check_sync()
         self._check_algorithms()
         self._check_critic()
@@ -482,21 +479,21 @@ class TrainConfig:
         )
         lora = self.trainer.lora.rank > 0
         require(
-            not lora or (self.sync == "disk" and not self.rollout.store),
+            not lora or (self.sync.method == "disk" and not self.rollout.store),
             "trainer.lora.rank",
             f"> 0 syncs adapters as PEFT folders that the run's own engines load: set "
-            f"sync=disk (got {self.sync}) and no rollout.store (got {self.rollout.store!r}) "
+            f"sync=disk (got {self.sync.method}) and no rollout.store (got {self.rollout.store!r}) "
             "with it, or trainer.lora.rank=0",
         )
-        if self.sync == "disk":
+        if self.sync.method == "disk":
             return
         require(
             self.engine.device == "cuda",
             "engine.device",
-            f"must be cuda for sync={self.sync} (vLLM's weight transfer moves CUDA "
+            f"must be cuda for sync={self.sync.method} (vLLM's weight transfer moves CUDA "
             f"tensors; got {self.engine.device!r}); use engine=gpu or sync=disk",
         )
-        if self.sync == "nccl":
+        if self.sync.method == "nccl":
             require(
                 self.placement.mode == "split",
                 "placement.mode",

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ class WeightUpdate:
     path: str
     prefix_cache_reset: bool
     timings: dict[str, float] = field(default_factory=dict)
+    result: Any = None  # what the load returned (the workers' results of a /collective_rpc)
 
 
 class EngineClient:
@@ -238,9 +240,38 @@ class EngineClient:
         pause_mode: str = "keep",
         reset_running_requests: bool = True,
     ) -> WeightUpdate:
-        """Swap in the weights saved in ``path`` and tag them ``version``.
+        """Swap in the weights saved in ``path`` and tag them ``version``
+        (:meth:`swap_weights` around :meth:`reload_weights`)."""
+        return self.swap_weights(
+            lambda: self.reload_weights(path),
+            version,
+            what=str(path),
+            pause_mode=pause_mode,
+            reset_running_requests=reset_running_requests,
+        )
 
-        pause → reload → reset prefix cache → set version → resume (resume always runs).
+    def _resume_once_more(self) -> None:
+        """Resume, once more on a failure: vLLM's server drops the connection after a
+        failed call (HTTP 500), and the next request sent on it is reset (measured: a
+        failed delta load left the engine paused)."""
+        try:
+            self.resume()
+        except EngineError:
+            self.resume()
+
+    def swap_weights(
+        self,
+        load: Callable[[], Any],
+        version: str | int,
+        *,
+        what: str,
+        pause_mode: str = "keep",
+        reset_running_requests: bool = True,
+    ) -> WeightUpdate:
+        """Run ``load`` (it loads new weights, e.g. :meth:`reload_weights`) paused, and tag
+        the weights ``version``; ``what`` names them in errors.
+
+        pause → load → reset prefix cache → set version → resume (resume always runs).
         With ``reset_running_requests`` (default), requests frozen by ``pause_mode="keep"``
         are preempted so that no KV computed with the old weights survives; they resume
         and recompute. Without it, the cache reset fails while such requests hold blocks
@@ -249,12 +280,13 @@ class EngineClient:
         t: dict[str, float] = {}
         t0 = time.perf_counter()
         done = False
+        result: Any = None
         try:
             # The reset after the reload drops old-weight KV; one before it is wasted time.
             self.pause(pause_mode, clear_cache=False)
             t["pause"] = time.perf_counter() - t0
             t1 = time.perf_counter()
-            self.reload_weights(path)
+            result = load()
             t["reload"] = time.perf_counter() - t1
             t1 = time.perf_counter()
             reset = self.reset_prefix_cache(reset_running_requests=reset_running_requests)
@@ -264,11 +296,11 @@ class EngineClient:
             self.set_weight_version(version)
             done = True
         except EngineError as err:
-            raise WeightSyncError(f"updating weights from {path} failed: {err}") from err
+            raise WeightSyncError(f"updating weights from {what} failed: {err}") from err
         finally:
             t1 = time.perf_counter()
             try:
-                self.resume()
+                self._resume_once_more()
             except EngineError as err:
                 if done:  # otherwise the original error is already on its way up
                     raise WeightSyncError(f"resume after the weight update failed: {err}") from err
@@ -276,5 +308,9 @@ class EngineClient:
             t["resume"] = time.perf_counter() - t1
         t["total"] = time.perf_counter() - t0
         return WeightUpdate(
-            version=str(version), path=str(path), prefix_cache_reset=reset, timings=t
+            version=str(version),
+            path=what,
+            prefix_cache_reset=reset,
+            timings=t,
+            result=result,
         )

@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from vime.engine import vllm_auth, vllm_plugin
+from vime.engine import delta_worker, vllm_auth, vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 from vime.net import engine_headers, free_port, remember_engine_key
@@ -332,6 +332,8 @@ class VLLMServer:
             cmd += ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
         else:
             cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
+        # vime's methods on every worker (/collective_rpc): the delta weight sync's loads.
+        cmd += ["--worker-extension-cls", delta_worker.QUALNAME]
         if c.api_key:  # vLLM guards only /v1/*: this guards all but /health and /metrics
             cmd += ["--middleware", f"{vllm_auth.__name__}.{vllm_auth.RequireEngineKey.__name__}"]
         if c.profiler_dir:  # serves /start_profile and /stop_profile (trace.vllm_profile_step)

@@ -40,6 +40,7 @@ from vime.errors import ConfigError, TrainerError
 from vime.net import address_towards, new_engine_key, remember_engine_key
 from vime.placement.config import Cluster, Layout, PlacementConfig, check_placement
 from vime.placement.trainer_process import TrainerProcess
+from vime.sync.delta_export import DeltaExporter
 from vime.sync.transfer import EngineSender, Transfer, gather_and_push
 from vime.trainer.critic import Critic, checkpoint_folder
 from vime.trainer.parallel import init_distributed
@@ -192,6 +193,8 @@ class TrainerGroup:
         self.remote = remote  # placement.trainer_process: the trainer's own process
         # GPU sync: rank 0 drives the engines and keeps its NCCL group between syncs.
         self.sender = EngineSender() if ranks.is_driver else None
+        # Delta sync (sync.delta): the last synced weights, kept where rank 0's trainer is.
+        self.delta = DeltaExporter()
 
     # ---- what the loop calls (on rank 0) -----------------------------------------------
 
@@ -225,6 +228,11 @@ class TrainerGroup:
         """GPU weight sync: every rank gathers the HF tensors on its GPU (TP shards once),
         then rank 0 drives the engines through ``transfer`` (see :mod:`vime.sync.transfer`)."""
         return self._call("send_weights", transfer, dtype)
+
+    def export_delta(self, folder: str | Path, version: int, full: bool) -> dict[str, float]:
+        """Delta sync: the weights as ``version``, a full HF folder or a delta against the
+        last sync (:class:`~vime.sync.delta_export.DeltaExporter`); rank 0's numbers."""
+        return self._call("export_delta", str(folder), version, full)
 
     def save_checkpoint(self, folder: str | Path) -> Path:
         """A Megatron distributed checkpoint, written by every rank (with a critic, its own
@@ -270,6 +278,8 @@ class TrainerGroup:
         if name == "send_weights" and self.trainer is not None:
             transfer, dtype = args
             return gather_and_push(self.trainer.module, transfer, dtype, self.sender)
+        if name == "export_delta" and self.trainer is not None:
+            return self.delta(self.trainer.module, self.trainer.hf_folder, *args)
         if name == "reference_logprobs":
             if self.reference is None:
                 raise TrainerError("no reference model: the run has no KL term")

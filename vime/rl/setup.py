@@ -153,7 +153,7 @@ def start_trainer_and_engines(
             model_dir,
             external=external,
             log_dir=run.logs,
-            weight_transfer=cfg.sync,
+            weight_transfer=cfg.sync.method,
             meanwhile=build_trainer if overlap else None,
         )
     )

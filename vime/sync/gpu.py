@@ -44,6 +44,8 @@ from vime.sync.base import (
     engine_retrying,
     recover_engines,
 )
+from vime.sync.config import SyncConfig
+from vime.sync.delta_disk import DeltaDiskSync
 from vime.sync.disk import DiskWeightSync
 from vime.sync.transfer import Transfer
 
@@ -171,7 +173,7 @@ class GpuWeightSync:
 
 
 def build_weight_sync(
-    method: str,
+    method: str | SyncConfig,
     group: Any,
     engines: Sequence[Any],
     folder: str | Path,
@@ -181,20 +183,34 @@ def build_weight_sync(
     restart_dead: Callable[[], list[str]] | None = None,
     pause_mode: str = "keep",
 ) -> WeightSync:
-    """The weight sync the config's ``sync`` names (``disk``, ``nccl`` or ``ipc``).
+    """The weight sync the config's ``sync`` keys name (``disk``, ``nccl`` or ``ipc``; a
+    :class:`SyncConfig` with ``delta``: :class:`~vime.sync.delta_disk.DeltaDiskSync`).
 
     Example:
         >>> type(build_weight_sync("disk", None, [], "/tmp/w")).__name__
         'DiskWeightSync'
+        >>> type(build_weight_sync(SyncConfig(delta=True), None, [], "/tmp/w")).__name__
+        'DeltaDiskSync'
     """
-    if method == "disk":
+    config = method if isinstance(method, SyncConfig) else SyncConfig(method=method)
+    if config.delta:
+        return DeltaDiskSync(
+            group,
+            engines,
+            folder,
+            full_every=config.full_every,
+            policy=policy,
+            restart_dead=restart_dead,
+            pause_mode=pause_mode,
+        )
+    if config.method == "disk":
         return DiskWeightSync(
             group, engines, folder, policy=policy, restart_dead=restart_dead, pause_mode=pause_mode
         )
     return GpuWeightSync(
         group,
         engines,
-        backend=method,
+        backend=config.method,
         dtype=dtype,
         policy=policy,
         restart_dead=restart_dead,
