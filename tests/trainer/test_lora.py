@@ -94,3 +94,52 @@ def test_lora_checkpoint_holds_adapters_and_optimizer(lora_trainer, tmp_path):
     trainer.train_step(samples)
     for n, p in trainer.module.lora.named_parameters():
         assert torch.equal(p, stepped[n]), n
+
+
+def _tp2_entry(rank, port, folder, out_dir):
+    from tests.trainer._lora_tp2_worker import run
+
+    run(rank, port, folder, out_dir)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    torch.cuda.is_available() and torch.cuda.device_count() < 2,
+    reason="with CUDA each of the 2 ranks needs its own GPU",
+)
+def test_lora_at_tp2_matches_tp1_and_resumes_at_tp1(dist1, hf_checkpoints, tmp_path, f32_tol):
+    """The adapters at TP=2 (A or B split over the ranks) take TP=1's steps: same gradient
+    norms, same exported adapter, same log-probs; the TP=2 checkpoint loads at TP=1."""
+    import torch.multiprocessing as mp
+    from safetensors.torch import load_file
+
+    from vime.net import free_port
+
+    folder = str(hf_checkpoints["llama"])
+    mp.spawn(_tp2_entry, args=(free_port(), folder, str(tmp_path)), nprocs=2, join=True)
+    found = json.loads((tmp_path / "found.json").read_text())
+    cfg = TrainerConfig(lr=1e-2, lora=LoraConfig(rank=4, alpha=8))
+    tp1 = Trainer(folder, cfg)
+    samples = random_samples(8, 250, seed=3)
+    norms = [tp1.train_step(samples)["grad_norm"] for _ in range(2)]
+    assert norms == pytest.approx(found["grad_norm"], rel=10 * f32_tol.rel)
+    tp1.export_adapter(tmp_path / "adapter_tp1")
+    a1 = load_file(tmp_path / "adapter_tp1" / ADAPTER_WEIGHTS)
+    a2 = load_file(tmp_path / "adapter_tp2" / ADAPTER_WEIGHTS)
+    assert a1.keys() == a2.keys()
+    gap = max((a1[k] - a2[k]).abs().max().item() for k in a1)
+    assert gap < f32_tol.logprobs, gap
+    lp = tp1.compute_logprobs(samples[:2])
+    diff = max(
+        abs(x - y)
+        for r, q in zip(lp, found["logprobs"], strict=True)
+        for x, y in zip(r, q, strict=True)
+    )
+    assert diff < f32_tol.logprobs, diff
+    resumed = Trainer(folder, cfg)
+    resumed.load_checkpoint(tmp_path / "ckpt_tp2")
+    again = resumed.compute_logprobs(samples[:2])
+    diff = max(
+        abs(x - y) for r, q in zip(again, lp, strict=True) for x, y in zip(r, q, strict=True)
+    )
+    assert diff < f32_tol.logprobs, diff

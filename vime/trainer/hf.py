@@ -387,7 +387,9 @@ def hf_export_tensors(
         >>> sorted(hf_export_tensors(model, like="ckpt/hf"))[0]  # doctest: +SKIP
         'lm_head.weight'
     """
-    state = hf_state_dict(model)
+    from vime.trainer.lora_export import merged_state
+
+    state = merged_state(hf_state_dict(model), model)  # LoRA: the adapters merged in
     if state is None:
         return None
     dtypes: dict[str, str] = {}

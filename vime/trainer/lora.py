@@ -123,6 +123,7 @@ class LoraAdapters(torch.nn.Module):
     ) -> dict[str, Any]:
         """The adapters as sharded tensors (the TP-split one of each pair on its TP axis),
         keyed by global layer: loadable at another TP or PP size."""
+        from megatron.core.transformer.mlp import apply_swiglu_sharded_factory
         from megatron.core.utils import (
             make_sharded_tensor_for_checkpoint,
             make_tp_sharded_tensor_for_checkpoint,
@@ -132,9 +133,12 @@ class LoraAdapters(torch.nn.Module):
         for i, name, pair in self.pairs():
             key = f"{prefix}layers.{i}.{name}."
             split, whole = ("b", "a") if pair.column else ("a", "b")
-            out[key + split] = make_tp_sharded_tensor_for_checkpoint(
+            sharded = make_tp_sharded_tensor_for_checkpoint(
                 getattr(pair, split), key + split, tp_axis=0 if pair.column else 1
             )
+            if name == "linear_fc1":  # each rank's rows are [gate slice; up slice]
+                sharded = apply_swiglu_sharded_factory(sharded, ())
+            out[key + split] = sharded
             out[key + whole] = make_sharded_tensor_for_checkpoint(getattr(pair, whole), key + whole)
         return out
 
@@ -178,6 +182,7 @@ def add_lora(model: Any, config: LoraConfig, *, seed: int = 1234) -> LoraAdapter
         >>> adapters = add_lora(model, LoraConfig(rank=16))  # doctest: +SKIP
     """
     from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes
 
     spec = model.hf_spec
     if spec.num_experts:
@@ -206,6 +211,10 @@ def add_lora(model: Any, config: LoraConfig, *, seed: int = 1234) -> LoraAdapter
                 a = a.chunk(tp, dim=1)[tp_rank]
             b = torch.zeros(out_local if column else out_full, config.rank)
             pair = LoraPair(a.to(dtype).contiguous(), b.to(dtype), column=column)
+            # The TP-split one counts on every rank in the gradient norm (the whole one, on
+            # TP rank 0 only), as Megatron's own split weights do.
+            split = pair.b if column else pair.a
+            set_tensor_model_parallel_attributes(split, True, 0 if column else 1, 1)
             pair.to(linear.weight.device)
             linear.register_forward_hook(_lora_hook(pair, config))
             targets[name] = pair
