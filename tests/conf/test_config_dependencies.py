@@ -36,6 +36,7 @@ from vime.rl.tasks import train_source
         (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
         (["rollout.store_lease_s=5"], "rollout.store_lease_s", "rollout.store"),
         (["sync.full_every=5"], "sync.full_every", "sync.delta"),
+        (["trainer.lora.alpha=8"], "trainer.lora.alpha", "trainer.lora.rank"),
         (
             ["rollout.store=postgresql://h/vime", "rollout.orchestrator=mine.py:f"],
             "rollout.orchestrator",
@@ -59,6 +60,8 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
         ["algorithm.advantage=gae", "algorithm.gamma=0.9", "critic.lr=1e-4"],
         ["env.eval_size=0", "eval_every=0"],  # 0 is off anyway
         ["sync.delta=true", "sync.full_every=5"],
+        ["+experiment=lora"],  # the preset's alpha comes with its rank
+        ["trainer.lora.rank=8", "trainer.lora.alpha=8", "trainer.lora.targets=[linear_qkv]"],
         ["metrics.wandb=offline", "metrics.wandb_project=mine"],
         ["trainer.lr_decay_style=cosine", "trainer.lr_decay_steps=10", "trainer.min_lr=1e-5"],
         ["trainer.loss.kl_coef=0.05", "reference.offload=false"],
@@ -118,3 +121,9 @@ def test_a_decaying_lr_needs_its_decay_steps():
         load_config(["trainer.lr_decay_style=linear", "trainer.warmup_steps=2"])
     cfg = load_config(["trainer.lr_decay_style=linear", "trainer.lr_decay_steps=40"])
     assert cfg.trainer.lr_decay_steps == 40
+
+
+def test_lora_needs_the_disk_sync():
+    with pytest.raises(ConfigError, match=r"trainer.lora.rank: > 0 .* set sync=disk") as err:
+        load_config(["trainer.lora.rank=8", "sync=nccl", "engine=gpu"])
+    assert err.value.key == "trainer.lora.rank"

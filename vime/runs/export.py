@@ -60,6 +60,8 @@ def export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
     trainer_cfg = OmegaConf.merge(
         OmegaConf.structured(TrainerConfig), OmegaConf.select(saved, "trainer") or {}
     )
+    if trainer_cfg.lora.rank:  # the checkpoint holds adapters: the base they were trained on
+        base = _adapter_base(run) or base
     trainer = Trainer(base, OmegaConf.to_object(trainer_cfg))  # type: ignore[arg-type]
     trainer.load_checkpoint(checkpoint / "trainer")
     partial = dest.with_name(dest.name + ".partial")
@@ -67,6 +69,21 @@ def export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
     trainer.export_hf(partial)
     partial.rename(dest)  # whole or absent: a killed export is not taken for weights
     return dest
+
+
+def _adapter_base(run: Path) -> Path | None:
+    """A LoRA run's base model folder: its adapter exports name it
+    (``base_model_name_or_path``); None without one.
+
+    Example:
+        >>> _adapter_base(Path("/nonexistent")) is None
+        True
+    """
+    import json
+
+    for config in sorted((run / "weights").glob("v*/adapter_config.json"), reverse=True):
+        return Path(json.loads(config.read_text())["base_model_name_or_path"])
+    return None
 
 
 def run_checkpoints(run: Path) -> dict[int, Path]:
