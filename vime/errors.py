@@ -89,6 +89,11 @@ class UnsupportedArchitectureError(TrainerError):
     """The HF config names an architecture vime cannot map onto Megatron."""
 
 
+class StallError(VimeError):
+    """The run made no progress for ``watchdog.stall_s``; the message names the stuck part
+    and the stall report (:mod:`vime.observability.stall`)."""
+
+
 class DiskFullError(VimeError, OSError):
     """No space left (or over quota) on the disk where a run writes ``path``.
 

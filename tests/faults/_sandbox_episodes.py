@@ -135,6 +135,11 @@ class OwnDockerd:
         """SIGTERM to dockerd: it stops its containers (the daemon's own restart/outage)."""
         self._script("stop")
 
+    @property
+    def pid(self) -> int:
+        """dockerd's process id (from the pidfile scripts/dockerd.sh gives it)."""
+        return int((Path(self.env["VIME_RUN_DIR"]) / "docker" / "docker.pid").read_text())
+
     def restart(self) -> None:
         """Stop, then start on the same socket."""
         self.stop()

@@ -40,7 +40,7 @@ from vime.engine.config import EngineConfig
 from vime.envs.task_source import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
-from vime.observability.config import MetricsConfig, TraceConfig
+from vime.observability.config import MetricsConfig, TraceConfig, WatchdogConfig
 from vime.placement.config import PlacementConfig
 from vime.sync.config import SyncConfig
 from vime.trainer.config import TrainerConfig
@@ -355,6 +355,7 @@ class TrainConfig:
     agent: AgentConfig = field(default_factory=AgentConfig)  # an agent program to train
     metrics: MetricsConfig = field(default_factory=MetricsConfig)  # TensorBoard, W&B, run page
     trace: TraceConfig = field(default_factory=TraceConfig)  # timelines, vLLM's profiler
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)  # a stalled run's report
     # Optimizer steps of the policy; a resumed run goes on to this one. The last step is
     # always checkpointed, and evaluated when eval_every and env.eval_size are > 0.
     steps: int = 40

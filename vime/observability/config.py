@@ -114,3 +114,35 @@ def _installed(package: str) -> bool:
         return importlib.util.find_spec(package) is not None
     except ValueError:  # in sys.modules as None: imports of it are blocked
         return False
+
+
+STALL_S = 600.0
+"""The default of ``watchdog.stall_s``: as long as an engine request may take
+(``request_timeout_s``), and longer than any sound stretch of a run without a finished
+span or trainer step (a large checkpoint save is the longest)."""
+
+
+@dataclass
+class WatchdogConfig:
+    """``stall_s`` S > 0: when nothing in the run progresses for S seconds (no episode,
+    turn, request, env step, sandbox exec, sync or trainer micro-batch ends), the run
+    writes ``RUN/stall-<time>.txt`` naming the part that does not answer (an engine, a
+    docker host, the store, a trainer rank), with every thread's stack, and stops with an
+    error (exit status 2); ``resume=RUN`` continues it (:mod:`vime.observability.stall`).
+    0 turns the watch off.
+
+    Example:
+        >>> WatchdogConfig(stall_s=-1)
+        Traceback (most recent call last):
+        ...
+        vime.errors.ConfigError: watchdog.stall_s: =-1 must be >= 0 seconds (0 turns the watch off)
+    """
+
+    stall_s: float = STALL_S
+
+    def __post_init__(self) -> None:
+        require(
+            self.stall_s >= 0,
+            "watchdog.stall_s",
+            f"={self.stall_s:g} must be >= 0 seconds (0 turns the watch off)",
+        )

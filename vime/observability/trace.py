@@ -60,6 +60,12 @@ class Tracer:
         self._threads: dict[str, int] = {}  # thread name -> lane
         self._free_lanes: list[int] = []
         self._lanes_made = 0
+        # What a stall report reads (vime.observability.stall): the spans open now, the
+        # spans that ended without an error (progress), and the last of each kind to end.
+        self.progress = 0
+        self._open: dict[int, tuple[str, str, float, str]] = {}
+        self._last_ended: dict[str, tuple[str, float]] = {}
+        self._next_id = 0
         # Wall-clock microseconds at perf_counter() == 0: traces of processes line up.
         self._origin_us = (time.time() - time.perf_counter()) * 1e6
 
@@ -75,12 +81,16 @@ class Tracer:
             lane = self._take_lane()
             token = _LANE.set(lane)
         start = time.perf_counter()
+        key = self._opened(kind, name, start)
+        failed = True
         try:
             yield
+            failed = False
         finally:
             end = time.perf_counter()
             if token is not None:
                 _LANE.reset(token)
+            self._closed(key, kind, name, end, failed)
             self._record(kind, name, start, end, args, lane)
             if lane is not None:
                 with self._lock:
@@ -115,7 +125,9 @@ class Tracer:
 
         def close() -> None:
             if open_at:
-                self._record(kind, kind, open_at.pop(), time.perf_counter(), args, lane)
+                end = time.perf_counter()
+                self._closed(0, kind, kind, end, failed=False)
+                self._record(kind, kind, open_at.pop(), end, args, lane)
 
         def spanned() -> Iterator[T]:
             for item in items:
@@ -127,6 +139,31 @@ class Tracer:
             yield spanned()
         finally:
             close()
+
+    def note_progress(self) -> None:
+        """Count progress that is no span of this process (a group another process wrote)."""
+        with self._lock:
+            self.progress += 1
+
+    def in_flight(self) -> list[tuple[str, str, float, str]]:
+        """The spans open now as ``(kind, name, seconds open, thread)``, oldest first.
+
+        Example:
+            >>> tracer = Tracer()
+            >>> with tracer.span("sandbox_exec", "ls"):
+            ...     [(kind, name) for kind, name, _, _ in tracer.in_flight()]
+            [('sandbox_exec', 'ls')]
+        """
+        now = time.perf_counter()
+        with self._lock:
+            spans = sorted(self._open.values(), key=lambda s: s[2])
+        return [(kind, name, now - start, thread) for kind, name, start, thread in spans]
+
+    def last_ended(self) -> dict[str, tuple[str, float]]:
+        """Per kind, the last span to end without an error: ``(name, seconds ago)``."""
+        now = time.perf_counter()
+        with self._lock:
+            return {k: (name, now - end) for k, (name, end) in self._last_ended.items()}
 
     def take_totals(self) -> dict[str, tuple[int, float]]:
         """``{kind: (count, seconds)}`` of the spans since the last call (then reset)."""
@@ -159,6 +196,7 @@ class Tracer:
         """
         with self._lock:
             for kind, (count, seconds) in totals.items():
+                self.progress += count
                 total = self._totals.setdefault(kind, [0, 0.0])
                 total[0] += count
                 total[1] += seconds
@@ -213,6 +251,19 @@ class Tracer:
         }
         with self._lock:
             self._events.append(event)
+
+    def _opened(self, kind: str, name: str, start: float) -> int:
+        with self._lock:
+            self._next_id += 1
+            self._open[self._next_id] = (kind, name, start, threading.current_thread().name)
+            return self._next_id
+
+    def _closed(self, key: int, kind: str, name: str, end: float, failed: bool) -> None:
+        with self._lock:
+            self._open.pop(key, None)
+            if not failed:  # a span that raised (a retried request) is no progress
+                self.progress += 1
+                self._last_ended[kind] = (name or kind, end)
 
     def _lane(self) -> int:
         """The lane of the current episode, else of the current thread."""

@@ -38,6 +38,7 @@ from typing import Any
 
 from vime import gc_freeze
 from vime.errors import ConfigError, TrainerError
+from vime.observability.stall import HEARTBEATS_ENV, Heartbeat
 from vime.observability.trace import TRACE
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,20 @@ def _serve(conn: Connection, build: Callable[..., Any], args: tuple[Any, ...]) -
     """(The child.) Build the trainer, then run each call until ``stop`` or the pipe closes."""
     _die_with_parent()
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    with _heartbeat():
+        _serve_calls(conn, build, args)
+
+
+def _heartbeat() -> contextlib.AbstractContextManager[Any]:
+    """This process's heartbeat, where the loop's rank beats (a stall report names a
+    frozen trainer process); none outside a run."""
+    folder = os.environ.get(HEARTBEATS_ENV, "")
+    if not folder:
+        return contextlib.nullcontext()
+    return Heartbeat(folder, f"trainer-process-rank-{os.environ.get('RANK', '0')}")
+
+
+def _serve_calls(conn: Connection, build: Callable[..., Any], args: tuple[Any, ...]) -> None:
     try:
         group = build(*args)
         gc_freeze.hold()  # the trainer's objects, out of every full collection until stop

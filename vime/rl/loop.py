@@ -61,6 +61,7 @@ from vime.rl.setup import (
     start_trainer_and_engines,
     task_sources,
 )
+from vime.rl.stall_parts import rank_heartbeat, run_stall_watch
 from vime.rl.store_orchestrator import store_factory
 from vime.runs.folder import (
     RunDir,
@@ -104,6 +105,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     with contextlib.ExitStack() as cleanup:
         cleanup.enter_context(LockWatch(cfg.trace.lock_watch_s))  # a call that holds the GIL
+        cleanup.enter_context(rank_heartbeat(run.root, ranks.cluster.rank))  # for stall reports
         group = start_trainer_and_engines(
             cfg, model_dir, ranks, run, cleanup, own_process=own_process, external=external
         )
@@ -127,6 +129,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         if metrics_log.supersede(start if start > 0 else -1):
             log.info("metrics rows after step %d moved to metrics.superseded.jsonl", start)
         engines, policy, sync = engine_clients(cfg, fleet, group, run, start, external)
+        cleanup.enter_context(run_stall_watch(cfg, run.root, fleet.urls))  # watchdog.stall_s
         launched = [e for e in engines if e.url in fleet.launched]
         version = start
         runner = _rollouts(cfg, plays, policy, model_dir, buffer, tasks, sync, cleanup)

@@ -40,6 +40,7 @@ from typing import Any
 
 from vime.conf.train import TrainConfig
 from vime.errors import DataError
+from vime.observability.trace import TRACE
 from vime.rl.orchestrator import (
     Group,
     Orchestrator,
@@ -155,6 +156,7 @@ class StoreOrchestrator(Orchestrator):
         for g in rows:
             if g.draw not in self._cache and g.draw in self.published:
                 self._cache[g.draw] = g
+                TRACE.note_progress()  # a worker's group: the run is not stalled
         return [self._cache[g.draw] for g in rows if g.draw in self._cache]
 
     def _group(self, g: StoredGroup) -> Group:

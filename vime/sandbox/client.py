@@ -43,6 +43,17 @@ def default_host() -> str:
     return "unix:///var/run/docker.sock"
 
 
+def used_hosts() -> list[str]:
+    """The docker hosts this process has a client for (the stall report pings them).
+
+    Example:
+        >>> docker_client() and default_host() in used_hosts()
+        True
+    """
+    with _lock:
+        return sorted(_clients)
+
+
 def docker_client(host: str | None = None):
     """A shared ``docker.DockerClient`` for ``host`` (default: :func:`default_host`).
 
