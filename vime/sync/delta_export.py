@@ -49,10 +49,14 @@ class DeltaExporter:
         tensors = hf_export_tensors(module, like=like, out=folder)
         if tensors is None:
             return {}
-        # On a CPU trainer a gathered tensor may be the parameter itself (.cpu() and .to()
-        # of an equal dtype do not copy): the optimizer would change the kept copy.
-        live = {p.data_ptr() for p in module.parameters()}
-        tensors = {k: v.clone() if v.data_ptr() in live else v for k, v in tensors.items()}
+        # On a CPU trainer a gathered tensor may be the parameter itself or a view of it
+        # (.cpu(), .contiguous() and .to() of an equal dtype do not copy): the optimizer
+        # would change the kept copy under it.
+        live = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        tensors = {
+            k: v.clone() if v.untyped_storage().data_ptr() in live else v
+            for k, v in tensors.items()
+        }
         stats = self.write(tensors, folder, version, full=full, like=like)
         return {
             **stats,
