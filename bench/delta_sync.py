@@ -68,7 +68,8 @@ class Trainer:
             t.add_(self.lr * torch.randn(t.shape, generator=self.generator).clamp_(-3, 3))
 
     def weights(self) -> dict[str, torch.Tensor]:
-        return {k: v.to(self.dtype) for k, v in self.master.items()}
+        # A copy: the delta exporter keeps it, and step() moves the master in place.
+        return {k: v.to(self.dtype, copy=True) for k, v in self.master.items()}
 
     def export_hf(self, folder: str | Path) -> Path:
         from vime.trainer.hf import write_hf

@@ -36,6 +36,7 @@ from vime.rl.tasks import train_source
         (["model.path=/m", "model.warm_start_target=0.3"], "model.warm_start_target", "model.path"),
         (["rollout.store_lease_s=5"], "rollout.store_lease_s", "rollout.store"),
         (["sync.full_every=5"], "sync.full_every", "sync.delta"),
+        (["trainer.lora.rank=16", "sync.delta=true"], "sync.delta", "trainer.lora.rank"),
         (["trainer.lora.alpha=8"], "trainer.lora.alpha", "trainer.lora.rank"),
         (
             ["rollout.store=postgresql://h/vime", "rollout.orchestrator=mine.py:f"],

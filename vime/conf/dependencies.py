@@ -191,6 +191,14 @@ RULES: tuple[Needs, ...] = (
         "or leave it unset",
     ),
     Needs(
+        ("sync.delta",),
+        "trainer.lora.rank",
+        lambda c: c.trainer.lora.rank == 0,
+        "(only the adapter travels: vime.sync.lora)",
+        "set trainer.lora.rank=0, or leave sync.delta unset",
+        inert=False,
+    ),
+    Needs(
         ("sync.full_every",),
         "sync.delta",
         lambda c: c.sync.delta,

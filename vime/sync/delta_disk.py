@@ -45,6 +45,7 @@ from typing import Any, Protocol
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from vime.engine.client import EngineClient
+from vime.engine.delta_worker import QUALNAME
 from vime.errors import EngineError, WeightSyncError
 from vime.runs.folder import pause_point
 from vime.sync.base import VersionListener, recover_engines
@@ -173,11 +174,17 @@ class DeltaDiskSync:
                         pause_mode=self.pause_mode,
                     )
         except (EngineError, OSError) as err:
+            hint = ""
+            if method in str(err) and "attribute" in str(err):  # an engine vime did not launch
+                hint = (
+                    f" The engine has no {method}: sync.delta needs vime's worker extension "
+                    f"(vLLM's --worker-extension-cls {QUALNAME}, which vime's own engines get)."
+                )
             raise WeightSyncError(
                 f"delta weight sync to {engine.url} failed (version {version}, from {path}): "
-                f"{err}. The run stops here rather than train on from stale or wrong engine "
-                "weights; resume with resume=RUN_DIR once the engine is healthy (its first "
-                "sync is a full one)"
+                f"{err}.{hint} The run stops here rather than train on from stale or wrong "
+                "engine weights; resume with resume=RUN_DIR once the engine is healthy (its "
+                "first sync is a full one)"
             ) from err
         workers: list[dict[str, Any]] = update.result or [{}]
         slowest = {k: max(float(w.get(k, 0.0)) for w in workers) for k in workers[0]}
@@ -192,5 +199,11 @@ class DeltaDiskSync:
 
 
 def _retried(err: BaseException) -> bool:
-    """Engine and connection errors are retried; a delta that does not verify is not."""
-    return isinstance(err, (EngineError, OSError)) and MISMATCH not in str(err)
+    """Engine and connection errors are retried; a delta that does not verify is not, nor
+    a call the engine does not have."""
+    text = str(err)
+    return (
+        isinstance(err, (EngineError, OSError))
+        and MISMATCH not in text
+        and not ("vime_" in text and "attribute" in text)
+    )

@@ -71,7 +71,8 @@ class DeltaExporter:
     ) -> dict[str, float]:
         """Write ``tensors`` as ``version``: a full HF folder shaped like ``like`` (or the
         bare safetensors file when ``like`` is None), else a delta against the last sync;
-        keep them as the new base. Returns ``sync/changed_frac``, ``sync/bytes`` (what the
+        keep them as the new base (so the caller must not change them in place afterwards:
+        a changed base makes the next delta fail its checksums). Returns ``sync/changed_frac``, ``sync/bytes`` (what the
         engines read), ``sync/full_bytes``, ``sync/encode_s``, ``sync/write_s``."""
         t0 = time.perf_counter()
         if not full and self.base is None:
