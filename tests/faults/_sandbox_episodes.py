@@ -34,11 +34,16 @@ from vime.types import Episode
 
 class ScriptedToolPolicy:
     """Stands in for PolicyClient: turn 1 calls ``python`` with the task's code, turn 2
-    submits the answer (hermes ``<tool_call>`` text, tokenized like a model's reply)."""
+    submits the answer (hermes ``<tool_call>`` text, tokenized like a model's reply).
+    ``asked`` (task key -> the latest turn asked for) lets a test see how far each got: turn
+    1 is asked once the task's code has run."""
 
-    def __init__(self, tok: Any, script: dict[str, str | None]) -> None:
+    def __init__(
+        self, tok: Any, script: dict[str, str | None], asked: dict[str, int] | None = None
+    ) -> None:
         self.tok, self.script = tok, script
         self.turns: dict[str, int] = {}
+        self.asked = {} if asked is None else asked
 
     async def model_name(self) -> str:
         return "scripted"
@@ -50,6 +55,7 @@ class ScriptedToolPolicy:
         found = re.findall(r"TASK:(\w+)", self.tok.decode(prompt_ids))
         key = found[-1]
         turn = self.turns[session] = self.turns.get(session, -1) + 1
+        self.asked[key] = turn
         code = self.script[key]
         if turn == 0 and code is not None:
             call = {"name": "python", "arguments": {"code": code}}
@@ -74,21 +80,32 @@ def collect(
     sandbox: SandboxConfig,
     keys: list[str],
     keep_pools: bool = False,
+    asked: dict[str, int] | None = None,
 ) -> list[Episode]:
     """Collect one episode per key (all concurrently) with the scripted policy; then
-    remove the pooled sandboxes, unless ``keep_pools`` (the next call reuses them)."""
+    remove the pooled sandboxes, unless ``keep_pools`` (the next call reuses them).
+    ``asked`` is filled as :class:`ScriptedToolPolicy` says."""
 
     def make_env() -> Any:
         return vime.make("vime/Tools-v0", sandbox=sandbox, max_turns=3, tools=["python", "submit"])
 
     config = CollectorConfig(progress=False, env_timeout_s=120.0, max_model_len=8192)
-    collector = Collector(ScriptedToolPolicy(tok, script), tok, config)  # type: ignore[arg-type]
+    policy = ScriptedToolPolicy(tok, script, asked)
+    collector = Collector(policy, tok, config)  # type: ignore[arg-type]
     try:
         return asyncio.run(collector.collect(tasks(keys), make_env))
     finally:
         collector.close()
         if not keep_pools:
             close_pools()  # the envs lease pooled sandboxes: remove the warm ones too
+
+
+def told(ep: Episode) -> str:
+    """An episode's status, reason and every tool answer it got: for assertion messages,
+    which then say what the episode saw (e.g. the exit code of a command)."""
+    messages = [*ep.messages, *(ep.metadata.get("final_messages") or [])]
+    answers = [m.get("content") for m in messages if m.get("role") == "tool"]
+    return f"{ep.task_id}: {ep.status.value} ({ep.reason!r}); tool answers: {answers!r}"
 
 
 def labelled(host: str, tag: str) -> list[dict[str, Any]]:

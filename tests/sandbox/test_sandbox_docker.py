@@ -111,6 +111,58 @@ def test_kill_from_outside_during_exec_raises(sandbox_config):
         box.close()  # idempotent
 
 
+def test_container_stopped_under_an_exec_raises_while_docker_still_says_running(
+    sandbox_config, monkeypatch
+):
+    # What a stopping dockerd does to each container: SIGTERM to PID 1, which exits; the
+    # kernel then SIGKILLs the command (exit 137, or no code if docker is gone by then).
+    # Docker marks the container exited only after handling that exec's exit: 0.15 s
+    # later on an idle host, and a stopping dockerd answered "running" for 1.2 s. vime
+    # once waited 0.25 s, then took 137 (or -1 for no code) as the command's own exit, and
+    # the episode completed: test_dockerd_restarted_mid_step's victim2, once in CI. Here
+    # docker's state lags by 1.5 s: exec must raise all the same.
+    box = DockerSandbox(sandbox_config())
+    real = box._api.inspect_container
+    stopped_at: list[float] = []
+
+    def lagging(container_id):
+        if stopped_at and time.monotonic() - stopped_at[0] < 1.5:
+            return {"State": {"Running": True, "Status": "running"}}
+        return real(container_id)
+
+    def stop_pid1():
+        stopped_at.append(time.monotonic())
+        box._api.kill(box.id, signal="SIGTERM")
+
+    monkeypatch.setattr(box._api, "inspect_container", lagging)
+    try:
+        threading.Timer(0.5, stop_pid1).start()
+        with pytest.raises(SandboxError, match="died while a command was running"):
+            box.exec(
+                'python3 -c \'import subprocess; subprocess.run(["sleep", "60"])\'', timeout=30
+            )
+        assert not box.alive
+    finally:
+        box.close()
+
+
+def test_sigkill_inside_is_the_commands_exit_and_a_lost_exit_code_raises(sb, monkeypatch):
+    # A command killed by SIGKILL in a living container returns 137 (no OOM: none happened).
+    res = sb.exec("kill -9 $$", timeout=10)
+    assert (res.exit_code, res.oom_killed, sb.alive) == (137, False, True), res
+
+    # Docker cannot report an exit code (its daemon was restarted, the exec is unknown):
+    # never an exit code of its own making, a SandboxError; the container lives on.
+    def unknown(exec_id):
+        raise ConnectionError("the daemon forgot the exec")
+
+    monkeypatch.setattr(sb._api, "exec_inspect", unknown)
+    with pytest.raises(SandboxError, match=r"could not report the exit status.*forgot the exec"):
+        sb.exec("echo hi", timeout=10)
+    monkeypatch.undo()
+    assert sb.alive and sb.exec("echo ok", timeout=10).stdout == "ok\n"
+
+
 def test_images_without_python_use_the_shell_init(base_image, sandbox_config):
     # PID 1 falls back to sh: it must still reap orphans and kill the tree on a timeout.
     tag = build_layered_image(base_image, commands=["rm -f /usr/bin/python3 /usr/bin/python3.11"])

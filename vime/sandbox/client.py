@@ -81,6 +81,31 @@ def docker_client(host: str | None = None):
         return client
 
 
+def daemon_answers(host: str, timeout: float = 5.0) -> bool:
+    """Whether the daemon at ``host`` takes a new connection and answers a ping.
+
+    A throwaway client, not the shared one: a dockerd that is stopping closes its socket
+    first but goes on answering (containers "running") on connections already open, which
+    the shared client's pool reuses.
+
+    Example:
+        >>> daemon_answers("unix:///nonexistent.sock"), daemon_answers(default_host())
+        (False, True)
+    """
+    import docker
+
+    try:
+        client = docker.APIClient(base_url=host, version=API_VERSION, timeout=timeout)
+    except Exception:
+        return False
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
+
+
 def check_docker(hosts: list[str], *, needed_by: str) -> None:
     """Ping the Docker daemon at each of ``hosts``; raise :class:`ConfigError` (key
     ``sandbox.docker_hosts``) naming the host and how to start one if any is silent.

@@ -45,18 +45,46 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import NamedTuple
 
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
 from vime.errors import SandboxError
 from vime.observability.trace import TRACE
 from vime.sandbox.base import ExecResult
-from vime.sandbox.client import docker_client, docker_errors
+from vime.sandbox.client import daemon_answers, docker_client, docker_errors
 from vime.sandbox.config import SandboxConfig
-from vime.sandbox.inside import INIT_CMD, KILL_SIGNAL, OOM_COUNTER_CMD, RESET_SCRIPT, oom_kills
+from vime.sandbox.inside import (
+    ALIVE_MARK,
+    INIT_CMD,
+    KILL_SIGNAL,
+    PROBE_CMD,
+    RESET_SCRIPT,
+    oom_kills,
+)
 from vime.sandbox.stream import Capped, Demux, pump, send_stdin
 
 __all__ = ["DockerSandbox", "SandboxConfig"]
+
+# After a command died of SIGKILL, its container looked dead (no new process could start
+# in it) and the daemon still answers: how long docker may take to mark it exited before
+# the container is believed alive after all (a probe also fails when a fork bomb holds
+# every pid). Docker handles the exit of the killed execs before PID 1's, so its state
+# lags the kernel's by up to a second on a loaded host.
+_DEATH_SETTLE_S = 3.0
+
+
+class _Ran(NamedTuple):
+    """What one exec gave: its output, exit code, whether it timed out, its seconds, and the
+    output of :data:`PROBE_CMD` when the container had to be checked (else None)."""
+
+    out: Capped
+    err: Capped
+    code: int
+    timed_out: bool
+    duration: float
+    probe: str | None = None
+
 
 # Sandboxes still open when the interpreter exits are removed then (a crash or
 # SIGKILL skips this; `vime-agent sandbox gc` finds those by their labels).
@@ -265,11 +293,13 @@ class DockerSandbox:
         """
         argv = ["/bin/sh", "-c", cmd] if isinstance(cmd, str) else list(cmd)
         with TRACE.span("sandbox_exec", argv[-1][:60]):  # trace.enabled: timelines
-            out, err, code, timed_out, duration = self._run(
+            ran = self._run(
                 argv, timeout=timeout, workdir=workdir, env=env, cap=self.config.max_output_bytes
             )
-        # Only an exit of 137 (SIGKILL) is looked into: one more exec, never on the fast path.
-        oom = code == 137 and not timed_out and self._new_oom_kills()
+        out, err, code, timed_out = ran.out, ran.err, ran.code, ran.timed_out
+        # Only an exit of 137 (SIGKILL) is looked into, by the probe that showed the
+        # container alive: one more exec, never on the fast path.
+        oom = code == 137 and not timed_out and self._new_oom_kills(ran.probe or "")
         stderr = err.text()
         if oom:
             sep = "" if not stderr or stderr.endswith("\n") else "\n"
@@ -282,20 +312,15 @@ class DockerSandbox:
             stdout=out.text(),
             stderr=stderr,
             timed_out=timed_out,
-            duration=duration,
+            duration=ran.duration,
             truncated=bool(out.dropped or err.dropped),
             oom_killed=oom,
         )
 
-    def _new_oom_kills(self) -> bool:
-        """Whether the OOM killer killed something since the last look (False if unknown)."""
-        try:
-            text, _, code, _, _ = self._run(
-                OOM_COUNTER_CMD, timeout=10, workdir=None, env=None, cap=4096
-            )
-        except SandboxError:
-            return False
-        count = oom_kills(text.bytes().decode(errors="replace")) if code == 0 else None
+    def _new_oom_kills(self, probe: str) -> bool:
+        """Whether the OOM killer killed something since the last look, from the output of
+        :data:`PROBE_CMD` (False if unknown)."""
+        count = oom_kills(probe)
         if count is None or count <= self._oom_seen:
             return False
         self._oom_seen = count
@@ -322,8 +347,10 @@ class DockerSandbox:
         env: dict[str, str] | None,
         cap: int | None,
         stdin: bytes | None = None,
-    ) -> tuple[Capped, Capped, int, bool, float]:
-        """Run one exec; return (stdout, stderr, exit code, timed out, seconds)."""
+        check: bool = True,
+    ) -> _Ran:
+        """Run one exec. Without ``check`` (the probe's own exec) an exit of 137 or no exit
+        code is returned as it is, not looked into."""
         self._check_alive()
         limit = self.config.timeout if timeout is None else float(timeout)
         if limit <= 0:
@@ -370,12 +397,24 @@ class DockerSandbox:
             # PID 1 ran the kill, so the container was alive a moment ago; skipping the
             # exec/container inspection keeps the return within a few ms of the limit.
             # (If it died meanwhile, the next call finds out.)
-            return out, err, 137, True, time.monotonic() - start
-        code = self._exit_code(exec_id)
-        if code is None or code in (137, -1):
-            # SIGKILL: the OOM killer, or the container itself died.
-            self._raise_if_container_gone("it died while a command was running")
-        return out, err, -1 if code is None else code, False, time.monotonic() - start
+            return _Ran(out, err, 137, True, time.monotonic() - start)
+        code, lost = self._exit_code(exec_id)
+        probe = None
+        if check and (code is None or code in (137, -1)):
+            # SIGKILL: the OOM killer, a `kill -9` inside, or the container died (PID 1's
+            # exit makes the kernel SIGKILL every other process: a dockerd stopping for a
+            # restart stops PID 1 with SIGTERM, and the exec ends 137 or unreported).
+            how = f"exit {code}" if code is not None else lost or "still running"
+            probe = self._confirm_alive(f"it died while a command was running ({how})")
+            if lost is not None:
+                raise SandboxError(
+                    f"sandbox {self.id[:12]} on {self.host}: docker could not report the exit "
+                    f"status of {argv[:3]!r} ({lost}); the container still runs. Is dockerd "
+                    "running, or was it restarted?"
+                )
+        # -1: docker still counts the command running, though it closed its output (e.g.
+        # `exec >&- 2>&-; sleep 9`) and the container lives: the exit code is not known yet.
+        return _Ran(out, err, -1 if code is None else code, False, time.monotonic() - start, probe)
 
     def _kill_quietly(self) -> None:
         try:
@@ -383,8 +422,9 @@ class DockerSandbox:
         except Exception:
             pass  # if the container is gone, the stream closes and the caller finds out
 
-    def _exit_code(self, exec_id: str) -> int | None:
-        """The command's exit code; None if docker cannot tell (inspect failed, still running)."""
+    def _exit_code(self, exec_id: str) -> tuple[int | None, str | None]:
+        """(the command's exit code, None); (None, None) while docker says it still runs;
+        (None, why) when docker could not answer (down, restarted, or the exec is gone)."""
         # The stream can close a moment before docker records the exit code: ask again after
         # 5 ms, doubling up to 0.2 s (7 tries, ~0.3 s in all). An inspect error is not retried.
         poll = Retrying(
@@ -395,9 +435,50 @@ class DockerSandbox:
         )
         try:
             info = poll(self._api.exec_inspect, exec_id)
-        except Exception:
-            return None
-        return None if info is None else info.get("ExitCode")
+        except Exception as exc:
+            return None, f"exec inspect failed: {type(exc).__name__}: {str(exc)[:160]}"
+        return (None, None) if info is None else (info.get("ExitCode"), None)
+
+    def _confirm_alive(self, what: str) -> str:
+        """After a command died of SIGKILL (or docker lost it), raise :class:`SandboxError`
+        (and mark the sandbox dead) unless the container still lives; return the output of
+        :data:`PROBE_CMD` ("" when the probe could not run but the container lives).
+
+        Docker's state is no proof: it marks the container exited only after it has
+        handled the exit of every exec the death killed (a second and more on a loaded
+        host), and a dockerd that is stopping answers "running" on open connections after
+        its socket is gone. A process started in the container is proof: once PID 1 has
+        exited, the kernel refuses new processes in its PID namespace.
+        """
+        cause: SandboxError | None = None
+        try:
+            ran = self._run(PROBE_CMD, timeout=10, workdir=None, env=None, cap=4096, check=False)
+        except SandboxError as err:
+            failed, cause = "no new process could start in it", err
+        else:
+            text = ran.out.bytes().decode(errors="replace")
+            # The marker alone is the proof (a new process ran): its exit code may be
+            # unknown for the same reason as the command's.
+            if text.startswith(ALIVE_MARK + "\n"):
+                return text
+            said = (text + ran.err.text()).strip()[:160]
+            failed = f"a new process in it ended {ran.code} ({said!r})"
+        where = f"sandbox {self.id[:12]} on {self.host}: {what}, and {failed}"
+        if not self.alive:  # the probe's own exec found the container stopped
+            raise SandboxError(
+                f"{where}; the {self.dead_reason} (killed from outside, or the docker host "
+                "restarted)"
+            ) from cause
+        if not daemon_answers(self.host):
+            self.mark_dead("its docker host takes no new connection")
+            raise SandboxError(
+                f"{where}; the docker host takes no new connection: it is stopping, or was "
+                "restarted (is dockerd running?)"
+            ) from cause
+        # No new process starts, yet the daemon answers: the container is dying (docker
+        # will mark it exited), or a fork bomb holds every pid (it stays running).
+        self._raise_if_container_gone(f"{what}, and {failed}", settle=_DEATH_SETTLE_S)
+        return ""
 
     def _raise_if_container_gone(self, what: str, settle: float = 0.25) -> None:
         """Raise :class:`SandboxError` (and mark dead) if the container stopped.
@@ -432,7 +513,7 @@ class DockerSandbox:
         stdin: bytes | None = None,
         timeout: float | None = None,
     ) -> bytes:
-        out, err, code, timed_out, _ = self._run(
+        ran = self._run(
             argv,
             timeout=timeout or self.config.timeout,
             workdir=None,
@@ -440,10 +521,11 @@ class DockerSandbox:
             cap=None,
             stdin=stdin,
         )
-        if timed_out or code != 0:
-            reason = "timed out" if timed_out else err.bytes().decode(errors="replace").strip()
-            raise SandboxError(f"sandbox {self.id[:12]}: {what} failed: {reason or f'exit {code}'}")
-        return out.bytes()
+        if ran.timed_out or ran.code != 0:
+            reason = "timed out" if ran.timed_out else ran.err.bytes().decode(errors="replace")
+            reason = reason.strip() or f"exit {ran.code}"
+            raise SandboxError(f"sandbox {self.id[:12]}: {what} failed: {reason}")
+        return ran.out.bytes()
 
     def write_file(self, path: str, data: bytes | str) -> None:
         """Create or replace ``path`` with ``data`` (str is UTF-8 encoded); parents are created.

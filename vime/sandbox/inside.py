@@ -8,7 +8,9 @@ OOM-kill counter.
   PID 1, no file in any place the sandbox user can write (the workspace, /tmp, /dev/shm,
   /dev/mqueue and any other writable tmpfs), no System V IPC object. It exits non-zero,
   saying what survived, when it could not; the sandbox is then replaced, never reused.
-- :func:`oom_kills` reads how many processes the memory cgroup's OOM killer has killed.
+- :data:`PROBE_CMD` tells whether the container still lives after a command died of
+  SIGKILL (or docker lost it), and :func:`oom_kills` reads from its output how many
+  processes the memory cgroup's OOM killer has killed.
 
 Example:
     >>> oom_kills("oom_kill_disable 0\\nunder_oom 0\\noom_kill 2\\n")
@@ -102,16 +104,25 @@ for f in /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem; do
 done
 """
 
-# cgroup v2 (the container's own cgroup namespace), else cgroup v1's memory controller.
-OOM_COUNTER_CMD = [
+# The first line :data:`PROBE_CMD` prints: only a container whose PID 1 still lives can
+# start the process that prints it.
+ALIVE_MARK = "vime-alive"
+
+# Run after a command ended the way a dead container also ends one (SIGKILL, or no exit
+# code docker can report). Once PID 1 has exited the kernel refuses new processes in the
+# sandbox's PID namespace, so the marker line proves the container alive, whatever docker's
+# (lagging) state says; the rest is the OOM-kill count: cgroup v2 (the container's own
+# cgroup namespace), else cgroup v1's memory controller.
+PROBE_CMD = [
     "/bin/sh",
     "-c",
-    "cat /sys/fs/cgroup/memory.events 2>/dev/null || cat /sys/fs/cgroup/memory/memory.oom_control",
+    f"echo {ALIVE_MARK}; cat /sys/fs/cgroup/memory.events 2>/dev/null"
+    " || cat /sys/fs/cgroup/memory/memory.oom_control 2>/dev/null; exit 0",
 ]
 
 
 def oom_kills(text: str) -> int | None:
-    """The ``oom_kill`` count in the output of :data:`OOM_COUNTER_CMD`; None if absent.
+    """The ``oom_kill`` count in the output of :data:`PROBE_CMD`; None if absent.
 
     Example:
         >>> oom_kills("low 0\\nhigh 0\\nmax 3\\noom 1\\noom_kill 1\\n"), oom_kills("")
