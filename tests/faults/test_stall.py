@@ -1,10 +1,12 @@
 """Stalls, done for real: a part of the run frozen with SIGSTOP is named by the stall report
 (``watchdog.stall_s``) and the run stops with exit status 2, then resumes cleanly.
 
-- The engine, frozen mid-rollout of a ``vime-agent train`` run: the report names it within
-  60 s, the run exits 2, and ``resume=`` (engine thawed) runs to the end, each step once.
-- A trainer process frozen while the run's main thread waits on it (a blocking pipe
-  read): the watch names its heartbeat and the wait is interrupted with StallError.
+- One ``vime-agent train`` run: the engine frozen mid-rollout of step 2, then (resumed,
+  with the trainer in its own process) the trainer process frozen mid-train of step 3.
+  Each time the report names the frozen part within 60 s and the run exits 2; resumed
+  once more, it runs to the end, each step once.
+- A process frozen while the main thread blocks reading from it: the watch names its
+  heartbeat and the read is interrupted with StallError.
 - The project's second dockerd frozen: the report's docker question names it.
 """
 
@@ -17,12 +19,14 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from tests._train import quick_train
 from tests.faults._faults import rows, run_folder, start_train, tail, wait_for, wait_log
 from tests.faults.test_train_kill import _checkpointed, held
+from tests.faults.test_trainer_death import _trainer_pid
 from vime.errors import StallError
 from vime.observability.stall import StallWatch
 from vime.rl.stall_parts import docker_probe
@@ -32,11 +36,11 @@ STALL_S = 20.0
 
 @pytest.mark.slow
 @pytest.mark.engine
-def test_a_frozen_engine_is_named_the_run_stops_and_resumes(shared_engine, tmp_path):
+def test_a_frozen_engine_then_trainer_are_named_the_run_stops_and_resumes(shared_engine, tmp_path):
     args = quick_train(
         shared_engine.url,
         tmp_path,
-        "steps=3",
+        "steps=4",
         "save_every=1",
         f"watchdog.stall_s={STALL_S:g}",
         "rollout.collector.sampling.max_tokens=24",
@@ -54,19 +58,57 @@ def test_a_frozen_engine_is_named_the_run_stops_and_resumes(shared_engine, tmp_p
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    text = log.read_text()
-    assert "made no progress" in text and f"engine {shared_engine.url}" in text, tail(log)
-    reports = sorted(run.glob("stall-*.txt"))
-    assert len(reports) == 1, tail(log)
-    report = reports[0].read_text()
-    named = report.split("## Parts that did not answer\n")[1].split("\n## ")[0]
-    assert f"engine {shared_engine.url}: no answer within" in named, report[:3000]
+    report = _named(run, log, f"engine {shared_engine.url}: no answer within")
     assert "engine_request" in report and "--- thread MainThread" in report
     print(f"stopped {stopped_s:.0f} s after the engine froze (stall_s {STALL_S:g})")
 
-    again = start_train(tmp_path, [*args, f"resume={run}"], "resume.log")
-    assert again.wait(timeout=300) == 0, tail(tmp_path / "resume.log")
-    assert [r["step"] for r in rows(run)] == [1, 2, 3]
+    # 2. Resumed with the trainer in a process of its own, frozen mid-train of step 3: the
+    # loop's main thread waits on its pipe.
+    resume = [*args, f"resume={run}"]
+    log = tmp_path / "resume1.log"
+    proc = start_train(
+        tmp_path,
+        [*resume, "placement.trainer_process=true"],
+        log.name,
+        VIME_TEST_PAUSE_AT="train:3",
+        VIME_TEST_PAUSE_S="3",
+    )
+    try:
+        wait_log(proc, log, "vime-test: paused at train step 3", 300)
+        trainer = _trainer_pid(proc.pid)
+        os.kill(trainer, signal.SIGSTOP)
+        frozen_at = time.monotonic()
+        assert proc.wait(timeout=STALL_S + 60 + 30) == 2, tail(log)
+        stopped_s = time.monotonic() - frozen_at
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    _named(run, log, f"trainer-process-rank-0 (pid {trainer}): no heartbeat for")
+    print(f"stopped {stopped_s:.0f} s after the trainer process froze")
+    wait_for("the frozen trainer gone with its parent", lambda: not _alive(trainer), 30)
+
+    again = start_train(tmp_path, resume, "resume2.log")
+    assert again.wait(timeout=300) == 0, tail(tmp_path / "resume2.log")
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4]
+
+
+def _named(run: Path, log: Path, part: str) -> str:
+    """The newest stall report, after checking that it and the run's error name ``part``."""
+    text = log.read_text()
+    assert "made no progress" in text and part.split(":")[0] in text, tail(log)
+    report = sorted(run.glob("stall-*.txt"))[-1].read_text()
+    named = report.split("## Parts that did not answer\n")[1].split("\n## ")[0]
+    assert part in named, report[:3000]
+    return report
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 FROZEN_CHILD = """
