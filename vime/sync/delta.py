@@ -50,6 +50,7 @@ Tensors = dict[str, torch.Tensor]
 FILE = "delta.safetensors"  # one delta: the payloads as uint8 tensors, the manifest as metadata
 ENCODING = "xor+zstd"
 _INT = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+_NP_INT = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}
 
 
 class DeltaMismatch(WeightSyncError):
@@ -98,7 +99,7 @@ def checksum(t: torch.Tensor) -> str:
         >>> checksum(torch.zeros(2)) == checksum(torch.zeros(2)), checksum(torch.ones(2))
         (True, '...')
     """
-    return xxhash.xxh3_64_hexdigest(bits(t).numpy().tobytes())
+    return xxhash.xxh3_64_hexdigest(bits(t).numpy().data)  # the buffer itself: no copy
 
 
 def _zstd() -> Any:
@@ -140,7 +141,7 @@ def encode(old: Tensors, new: Tensors, *, base: int = 0, version: int = 1) -> De
             "whole": not same_layout,
         }
         if manifest[name]["changed"]:
-            payloads[name] = compress.compress(xor.numpy().tobytes())
+            payloads[name] = compress.compress(xor.numpy())
     return Delta(
         base,
         version,
@@ -168,9 +169,9 @@ def apply(old: Tensors, delta: Delta) -> Tensors:
                 raw = decompress.decompress(delta.payloads[name])
             except Exception as err:
                 raise DeltaMismatch(f"delta sync: the payload of {name} is corrupt: {err}") from err
-            xor = torch.from_numpy(np.frombuffer(raw, dtype=np.uint8).copy()).view(_INT[width])
-            new_bits = xor if entry["whole"] else xor ^ bits(t)
-            t = new_bits.view(dtype).reshape(entry["shape"])
+            xor = np.frombuffer(raw, dtype=_NP_INT[width])  # read-only: XOR'd into a new array
+            new_bits = xor.copy() if entry["whole"] else np.bitwise_xor(xor, bits(t).numpy())
+            t = torch.from_numpy(new_bits).view(dtype).reshape(entry["shape"])
         if checksum(t) != entry["checksum"]:
             raise DeltaMismatch(
                 f"delta sync: {name} has checksum {checksum(t)} after applying the delta from "

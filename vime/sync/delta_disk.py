@@ -175,7 +175,7 @@ class DeltaDiskSync:
                     )
         except (EngineError, OSError) as err:
             hint = ""
-            if method in str(err) and "attribute" in str(err):  # an engine vime did not launch
+            if _missing(err):  # an engine vime did not launch
                 hint = (
                     f" The engine has no {method}: sync.delta needs vime's worker extension "
                     f"(vLLM's --worker-extension-cls {QUALNAME}, which vime's own engines get)."
@@ -201,9 +201,12 @@ class DeltaDiskSync:
 def _retried(err: BaseException) -> bool:
     """Engine and connection errors are retried; a delta that does not verify is not, nor
     a call the engine does not have."""
-    text = str(err)
     return (
-        isinstance(err, (EngineError, OSError))
-        and MISMATCH not in text
-        and not ("vime_" in text and "attribute" in text)
+        isinstance(err, (EngineError, OSError)) and MISMATCH not in str(err) and not _missing(err)
     )
+
+
+def _missing(err: BaseException) -> bool:
+    """Whether the engine's workers lack vime's calls (vLLM: "Method 'vime_...' is not
+    implemented.")."""
+    return "'vime_" in str(err) and "is not implemented" in str(err)
