@@ -18,8 +18,8 @@ import zstandard
 from safetensors.torch import load_file
 
 from vime.engine import EngineClient
+from vime.engine import delta as codec
 from vime.errors import WeightSyncError
-from vime.sync import delta as codec
 from vime.sync.delta_disk import DeltaDiskSync
 from vime.sync.delta_export import DeltaExporter
 from vime.trainer.hf import write_hf

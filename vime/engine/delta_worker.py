@@ -6,7 +6,7 @@ methods to each vLLM worker, called over ``POST /collective_rpc``:
 
 - ``vime_load_full(path, version)``: load an HF folder's tensors and keep them in host
   memory (the copy a delta patches);
-- ``vime_apply_delta(path)``: patch that copy with a delta (:mod:`vime.sync.delta`),
+- ``vime_apply_delta(path)``: patch that copy with a delta (:mod:`vime.engine.delta`),
   verify every tensor's checksum, load the result; a mismatch, or a delta whose base is
   not the version held, raises an error naming it (the sync stops, never falls back);
 - ``vime_digest()``: the checksum of every model parameter as vLLM holds it (after its
@@ -15,7 +15,7 @@ methods to each vLLM worker, called over ``POST /collective_rpc``:
 Both loads hand vLLM every tensor: its layerwise reload processes a layer once all of its
 (fused) parameters have arrived, so a layer sent in part would be rebuilt from missing
 data; and after an RL step every tensor has changed elements anyway (measured: "changed
-tensors whole" sends 0.999-1.0 of the bytes, :mod:`vime.sync.delta`). What the delta
+tensors whole" sends 0.999-1.0 of the bytes, :mod:`vime.engine.delta`). What the delta
 saves is what crosses from the trainer (bytes written and read), not the load.
 
 Nothing heavy is imported at module level: vLLM imports this class in every worker.
@@ -60,7 +60,7 @@ class DeltaWorker:
     def vime_apply_delta(self, path: str) -> dict[str, float]:
         """Patch the kept tensors with the delta in ``path``, verify, load; returns
         ``read_s``, ``apply_s`` (decode and verify) and ``load_s``."""
-        from vime.sync import delta as codec
+        from vime.engine import delta as codec
 
         t0 = time.perf_counter()
         delta = codec.read(path)
@@ -82,7 +82,7 @@ class DeltaWorker:
 
     def vime_digest(self) -> dict[str, str]:
         """Each model parameter's checksum (vLLM's names and layout)."""
-        from vime.sync.delta import checksum
+        from vime.engine.delta import checksum
 
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         return {name: checksum(p.data.cpu()) for name, p in model.named_parameters()}

@@ -1,7 +1,7 @@
 """The delta weight sync over disk (``sync.delta=true``, ``sync.method=disk``).
 
 Each sync the trainer writes either a full HF folder (``v000012``) or only what changed
-since the last sync (``v000013.delta/delta.safetensors``: :mod:`vime.sync.delta`), and
+since the last sync (``v000013.delta/delta.safetensors``: :mod:`vime.engine.delta`), and
 each engine loads it through vime's worker extension (:mod:`vime.engine.delta_worker`),
 which keeps the last weights in host memory, patches them, verifies every tensor's
 checksum and loads them. A full sync comes first, every ``full_every`` syncs, and after
@@ -50,7 +50,7 @@ from vime.errors import EngineError, WeightSyncError
 from vime.runs.folder import pause_point
 from vime.sync.base import VersionListener, recover_engines
 
-MISMATCH = "delta sync:"  # how every error of vime.sync.delta starts: never retried
+MISMATCH = "delta sync:"  # how every error of vime.engine.delta starts: never retried
 
 
 class DeltaExporting(Protocol):

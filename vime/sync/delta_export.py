@@ -5,7 +5,7 @@ sync as a full HF folder or as a delta against them.
 ``placement.trainer_process``), so the weights never cross a pipe: the loop asks
 ``TrainerGroup.export_delta(folder, version, full)`` and gets the numbers back. It keeps
 the HF tensors of the last sync in host memory (one copy of the model, in the dtypes the
-engines load) and encodes the next one against them (:mod:`vime.sync.delta`).
+engines load) and encodes the next one against them (:mod:`vime.engine.delta`).
 
 Example (a plain dict stands in for the gathered HF tensors):
     >>> import tempfile
@@ -25,8 +25,8 @@ from typing import Any
 
 import torch
 
+from vime.engine import delta as codec
 from vime.errors import WeightSyncError
-from vime.sync import delta as codec
 
 Tensors = dict[str, torch.Tensor]
 

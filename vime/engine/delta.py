@@ -1,5 +1,6 @@
-"""Delta weight sync's encoding: what changed since the last synced weights, XOR'd and
-zstd-compressed, with a checksum of every tensor's new bytes.
+"""The delta weight sync's encoding: what changed since the last synced weights, XOR'd
+and zstd-compressed, with a checksum of every tensor's new bytes. The trainer encodes,
+the engine's worker applies (:mod:`vime.sync.delta_disk` says how a sync uses it).
 
 A delta holds, per HF tensor, the bitwise XOR of its new and old bytes compressed with
 zstd (level 1), or nothing when the tensor did not change, and always the xxh3-64
@@ -7,8 +8,10 @@ checksum of the new tensor's bytes. :func:`apply` rebuilds the new tensors from 
 ones and checks every checksum: a mismatch raises :class:`DeltaMismatch` naming the
 tensor (the sync stops; it never falls back to a full load silently).
 
-Why XOR + zstd (measured with ``bench/weight_sync.py --cpu``'s encoder on random
-Adam-like updates of ±lr per element, one step; bytes ÷ full bytes, lower is better):
+Why XOR + zstd: measured on the tiny model's tensors and on a 37 M-parameter set of
+1.5B-shaped ones (eight 1536² matrices and one 8960 × 1536), one Adam-like step of lr × a
+clamped normal draw per element from float32 masters; bytes ÷ full bytes, lower is better
+(the two shapes agreed to ±0.006; the 1.5B-shaped figures):
 
 ====================  ==========  =========  ==========  ==========  ==============
 update                changed     XOR+zstd   XOR+zlib    sparse      sparse + zstd
