@@ -45,7 +45,8 @@ from vime.sync.transfer import EngineSender, Transfer, metadata
         (["sync=nccl", "engine=gpu"], "placement.mode"),  # engine=gpu is colocated
         (["sync=ipc", "engine=gpu", "placement.mode=split"], "placement.mode"),
         (["sync=ipc", "engine=gpu", "placement.pp=2"], "placement.pp"),
-        (["sync=shm"], "sync"),
+        (["sync=shm"], "sync.method"),  # sync=X is short for sync.method=X
+        (["sync=nccl", "engine=gpu", "placement.mode=split", "sync.delta=true"], "sync.delta"),
     ],
 )
 def test_gpu_sync_config_errors_name_the_key(overrides, key):
