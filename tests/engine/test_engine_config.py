@@ -64,6 +64,7 @@ def test_overrides_and_command_line(tiny_model_dir):
         "--logprobs-mode processed_logprobs",
         f"--served-model-name {tiny_model_dir.name}",
         "--max-num-seqs 8",
+        "--worker-extension-cls vime.engine.delta_worker.DeltaWorker",  # sync.delta's loads
     ):
         assert flag in joined
     env = server.environment()

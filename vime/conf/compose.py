@@ -147,6 +147,9 @@ def _migrate(saved: DictConfig) -> None:
         >>> _migrate(old)
         >>> OmegaConf.to_container(old)
         {'rollout': {}, 'defaults': [{'algorithm': 'gspo'}], 'algorithm': {'gamma': 0.9}}
+        >>> old = OmegaConf.create({"sync": "nccl"})  # sync was one key before sync.delta
+        >>> _migrate(old); OmegaConf.to_container(old)
+        {'sync': {'method': 'nccl'}}
     """
     for key in _REMOVED_KEYS:
         saved.pop(key, None)
