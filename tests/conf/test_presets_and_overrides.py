@@ -160,7 +160,7 @@ def test_a_resumed_run_merges_a_dict_value_into_its_own(tmp_path):
         ("+foo=bar", "foo", ["+foo: no such key or group", "--config-dir DIR +GROUP=NAME"]),
         ("+rollout.nonsense=3", "rollout.nonsense", ["+rollout.nonsense: no such key"]),
         ("++foo=bar", "foo", ["++foo: no such key"]),
-        ("+experiment=short", "experiment", ["no such key or group", "--config-dir"]),
+        ("+experiment=short", "experiment", ["no such option", "['lora']", "--config-dir"]),
         ("+steps=3", "steps", ["+steps: the key exists", "steps=VALUE"]),
         ('env.kwargs={"a b": 1}', "env.kwargs", ["'a b'"]),
     ],
@@ -179,6 +179,7 @@ def test_the_presets_are_yaml_files():
         "algorithm": ["dr_grpo", "grpo", "gspo"],
         "engine": ["cpu", "gpu"],
         "env": ["math", "swe", "tools"],
+        "experiment": ["lora"],
         "model": ["tiny"],
         "rollout": ["async", "sync"],
     }
@@ -188,7 +189,8 @@ def test_the_presets_are_yaml_files():
             assert text.startswith("#")  # each says what it is for
             assert (group == "model") != text.startswith("# @package _global_"), name
             extra = ["placement.mode=split"] if name == "async" else []
-            assert {group: name} in load_config([f"{group}={name}", *extra]).defaults
+            plus = "+" if group == "experiment" else ""  # a group with no default option
+            assert {group: name} in load_config([f"{plus}{group}={name}", *extra]).defaults
 
 
 def test_a_users_folder_adds_options_and_experiments(conf_dir):
@@ -270,5 +272,5 @@ def test_help_lists_the_groups_of_both_folders(conf_dir):
     text = describe(conf_dir)
     assert "  algorithm: dr_grpo, grpo, gspo (default grpo)" in text
     assert "  env:       math, myenv, swe, tools (default math)" in text
-    assert "  experiment: short (add: +experiment=NAME)" in text
+    assert "  experiment: lora, short (add: +experiment=NAME)" in text
     assert "trainer:" not in text.split("Keys")[0]  # the group is algorithm now
