@@ -17,6 +17,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 from vime.engine.config import EngineConfig
 from vime.errors import ConfigError
@@ -70,3 +72,38 @@ def adapter_name(base: str, version: int) -> str:
         'tiny-lora-v0'
     """
     return f"{base}-lora-v{version}"
+
+
+def adapter_rank(folder: str | Path) -> int:
+    """The rank of the PEFT adapter in ``folder`` (its ``adapter_config.json``'s ``r``), or
+    a ConfigError naming ``adapter``.
+
+    Example:
+        >>> adapter_rank("/nonexistent")
+        Traceback (most recent call last):
+        ...
+        vime.errors.ConfigError: adapter: /nonexistent has no adapter_config.json; give a PEFT adapter folder (e.g. a LoRA run's weights/vNNNNNN)
+    """
+    config = Path(folder) / "adapter_config.json"
+    if not config.is_file():
+        raise ConfigError(
+            f"adapter: {folder} has no adapter_config.json; give a PEFT adapter folder "
+            "(e.g. a LoRA run's weights/vNNNNNN)",
+            key="adapter",
+        )
+    return int(json.loads(config.read_text())["r"])
+
+
+def serve_adapter(url: str, folder: str | Path, name: str = "adapter") -> str:
+    """Load the PEFT folder into the engine at ``url`` (started with :func:`lora_launch`)
+    as ``name``; returns the name requests give as ``model``.
+
+    Example (skipped as a doctest: it needs an engine serving LoRA):
+        >>> serve_adapter("http://127.0.0.1:8000", "runs/r/weights/v000040")  # doctest: +SKIP
+        'adapter'
+    """
+    from vime.engine.client import EngineClient
+
+    with EngineClient(url) as engine:
+        engine.load_lora_adapter(name, folder)
+    return name

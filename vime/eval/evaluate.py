@@ -11,6 +11,10 @@ your YAML file) and writes ``report.json`` (per-task rows and aggregates), ``rep
 - an engine URL ``http://host:port`` (attached, never stopped; the tokenizer is the
   server's model folder, or ``tokenizer=DIR``).
 
+``adapter=DIR`` evaluates a LoRA adapter (a PEFT folder: a LoRA run's ``weights/vNNNNNN``)
+on the base ``ckpt`` (an HF folder the engine is launched on with LoRA, or the URL of an
+engine serving LoRA; default: the adapter's ``base_model_name_or_path``): it is loaded into the engine and every request names it.
+
 Episodes play and score as in training when asked: ``generate=module:function`` (a
 ``rollout.generate`` function), ``agent.command="python my_agent.py"`` (an agent program
 against vime's endpoint; ``agent.timeout_s``, ``agent.max_turns`` as in training), and
@@ -61,6 +65,7 @@ from vime.agents.rewards import Rewards
 from vime.conf.train import AgentConfig
 from vime.config import apply_overrides
 from vime.engine.config import EngineConfig
+from vime.engine.lora import adapter_rank, lora_launch, serve_adapter
 from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
 from vime.errors import ConfigError
@@ -75,6 +80,7 @@ from vime.eval.report import (
 from vime.eval.suites import BUNDLED_SUITES, EvalSet, Suite, load_suite
 from vime.observability.config import TraceConfig
 from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
+from vime.runs.export import run_checkpoints
 from vime.runs.folder import is_run_folder
 from vime.types import Episode
 
@@ -250,11 +256,12 @@ def _run_weights(run: Path, step: int | None) -> tuple[Path, int]:
     step's trainer checkpoint (kept under ``eval/weights``)."""
     exports = {**_published(run / "eval" / "weights"), **_published(run / "weights")}
     if step is None:
-        if not exports:
+        # A LoRA run exports adapters only: its newest checkpoint, merged, then.
+        step = max(exports or run_checkpoints(run) or [-1])
+        if step < 0:
             raise ConfigError(
                 f"ckpt: {run} has no weights/v* export yet (no step finished?)", key="ckpt"
             )
-        step = max(exports)
     if step in exports:
         return exports[step], step
     checkpoint = run / "checkpoints" / f"step_{step:06d}"
@@ -320,6 +327,7 @@ class EvalCommand:
     limit: int | None = None
     step: int | None = None
     tokenizer: str = ""
+    adapter: str = ""  # a PEFT adapter folder, served on the base ckpt (LoRA)
     trace: EvalTrace = dataclasses.field(default_factory=EvalTrace)
     engine: EngineConfig = dataclasses.field(default_factory=EngineConfig)
     generate: str = ""  # as training's rollout.generate: plays each episode
@@ -331,6 +339,10 @@ class EvalCommand:
 def parse_command(argv: list[str]) -> EvalCommand:
     """``vime-agent eval``'s ``key=value`` arguments; ``ckpt=`` and ``suite=`` are needed."""
     cmd = apply_overrides(EvalCommand(), argv)
+    if cmd.adapter and not cmd.ckpt:  # the base the adapter was trained on
+        adapter_rank(cmd.adapter)  # a clear error for a folder that is no adapter
+        config = json.loads((Path(cmd.adapter) / "adapter_config.json").read_text())
+        cmd.ckpt = str(config.get("base_model_name_or_path") or "")
     for key in ("ckpt", "suite"):
         if not getattr(cmd, key):
             raise ConfigError(
@@ -414,14 +426,18 @@ def main(argv: list[str]) -> int:
     engine_cfg = _engine_config(cmd, given, suite, ckpt)
     if ckpt.url:
         engine_cfg = dataclasses.replace(engine_cfg, url=ckpt.url)
+    elif cmd.adapter:  # the base, launched with LoRA on
+        engine_cfg = lora_launch(engine_cfg, adapter_rank(cmd.adapter))
     check_envs(suite)
     with (
         LockWatch(cmd.trace.lock_watch_s),  # env calls run in this process: one may hold the GIL
         serve_engine(engine_cfg, ckpt.weights or "", log_dir=out / "logs") as server,
     ):
-        policy = PolicyClient.from_urls(server.url)
+        adapter = serve_adapter(server.url, cmd.adapter) if cmd.adapter else ""
+        policy = PolicyClient.from_urls(server.url, model=adapter)
         meta = {
             "checkpoint": str(ckpt.weights or ckpt.url),
+            **({"adapter": str(Path(cmd.adapter).resolve())} if cmd.adapter else {}),
             "engine": server.url if ckpt.url else "launched",
             "seed": cmd.seed,
             "created": now(),
