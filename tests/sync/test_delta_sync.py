@@ -129,6 +129,8 @@ def test_full_every_restarts_and_replay(shared_engine, tiny_model_dir, tmp_path)
     # A delta whose base is not what the engine holds is refused, never applied.
     with pytest.raises(WeightSyncError, match=r"holds version 8.*from version 6 to 7"):
         sync._load(engine, stale, 7, full=False)
+    # A fresh sync object (a resumed run, a new fleet) never starts with a delta.
+    assert DeltaDiskSync(trainer, [engine], tmp_path / "w2").sync(9)["sync/full"] == 1.0
 
 
 def test_a_flipped_byte_is_caught_by_the_codec():
