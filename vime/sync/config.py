@@ -34,8 +34,8 @@ class SyncConfig:
             and ipc need engine.device=cuda. ``sync=X`` sets it.
         delta: send only what changed since the last sync (XOR + zstd, a checksum per
             tensor verified by the engine; :mod:`vime.sync.delta_disk`); disk only so far.
-        full_every: with delta, a full sync after this many syncs (0: only the first sync
-            and the one after an engine restart are full).
+        full_every: with delta, every full_every-th sync is a full one (3: full, delta,
+            delta, full, ...); 0: only the first sync and the one after an engine restart.
     """
 
     method: str = "disk"

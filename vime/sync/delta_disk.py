@@ -62,8 +62,8 @@ class DeltaExporting(Protocol):
 class DeltaDiskSync:
     """A :class:`vime.sync.base.WeightSync` that sends deltas (see the module docstring).
 
-    ``full_every``: a full sync after this many syncs (0: only the first one and after
-    an engine restart). The other arguments are :class:`vime.sync.disk.DiskWeightSync`'s.
+    ``full_every``: every ``full_every``-th sync is a full one (3: full, delta, delta,
+    full, ...); 0: only the first one and the one after an engine restart. The other arguments are :class:`vime.sync.disk.DiskWeightSync`'s.
     """
 
     def __init__(
