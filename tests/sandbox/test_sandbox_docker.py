@@ -67,6 +67,25 @@ def test_output_is_capped_in_bytes_and_marked(sandbox_config):
         assert not small.truncated and small.stdout == "hi\n"
 
 
+def test_output_read_with_the_response_headers_is_kept(sb, monkeypatch):
+    # The docker SDK reads an exec's response headers through a buffered reader, which
+    # takes a quick command's output off the socket with them when it is already there;
+    # vime read the raw socket only, and 1 exec in 900 returned exit 0 and no output on 2
+    # loaded cores (SWE's repository setup then parsed no commit: the episode ran without
+    # its sandbox). Reading the headers late makes that happen every time.
+    import http.client
+
+    begin = http.client.HTTPResponse.begin
+
+    def late(self):
+        time.sleep(0.3)
+        return begin(self)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late)
+    res = sb.exec("echo hi; echo oops >&2", timeout=10)
+    assert (res.exit_code, res.stdout, res.stderr) == (0, "hi\n", "oops\n")
+
+
 def test_files_round_trip_byte_for_byte(sb, tmp_path):
     blob = bytes(range(256)) * 64 + os.urandom(300_000) + b"\r\n\x00"
     sb.write_file("/workspace/deep/er/blob.bin", blob)

@@ -20,8 +20,10 @@ How the guarantees are implemented:
   itself survives. It needs no new process, so it works even when a fork bomb holds every
   pid. The host side reads the exec stream with a deadline, so ``exec`` returns within
   ``timeout`` + a few tens of ms, or declares the sandbox dead after ``kill_grace``.
-- **Output**: read frame by frame from the raw exec socket; past ``max_output_bytes`` per
-  stream the bytes are drained and dropped, and the result is marked truncated.
+- **Output**: read frame by frame from the raw exec socket, after the frames the SDK's
+  buffered reader took with the response headers (:func:`_read_ahead`); past
+  ``max_output_bytes`` per stream the bytes are drained and dropped, and the result is
+  marked truncated.
 - **Background processes** (``cmd &``) keep the exec's output pipe open, and docker then
   waits ~2 s before closing the stream: redirect their output (``cmd >log 2>&1 &``).
 - **Files** travel through ``exec`` stdin/stdout (``cat``/``tar``): docker's archive API
@@ -45,7 +47,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
@@ -375,8 +377,9 @@ class DockerSandbox:
         raw = getattr(sock, "_sock", sock)
         timed_out = False
         try:
-            sent = stdin is None or send_stdin(raw, stdin, deadline)
             demux = Demux(out, err)
+            demux.feed(_read_ahead(sock, raw))
+            sent = stdin is None or send_stdin(raw, stdin, deadline)
             if not sent or not pump(raw, demux, deadline):
                 timed_out = True
                 self._kill_quietly()
@@ -617,6 +620,28 @@ class DockerSandbox:
             self.kill_all()
             time.sleep(0.05)
             self._file_op(argv, "reset", timeout=timeout)
+
+
+def _read_ahead(sock: Any, raw: Any) -> bytes:
+    """The exec stream's first bytes, if the docker SDK already took them off the socket.
+
+    The SDK reads the response's headers through a buffered reader, which reads ahead: when
+    a quick command's output is already there, its frames go into that buffer with the
+    headers, and reading the raw socket never sees them (1 exec in 900 returned exit 0 and
+    an empty stdout with 6 sandboxes busy on 2 loaded cores; SWE's repository setup then
+    parsed no commit). Only what is buffered or readable now is taken: no wait.
+    """
+    response = getattr(sock, "_response", None)
+    reader: Any = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if not hasattr(reader, "read1"):
+        return b""
+    raw.settimeout(0.0)
+    try:
+        return bytes(reader.read1(1 << 16) or b"")
+    except (BlockingIOError, InterruptedError):
+        return b""
+    finally:
+        raw.settimeout(None)
 
 
 _known_images: set[tuple[str, str]] = set()
