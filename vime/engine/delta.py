@@ -125,17 +125,21 @@ def encode(old: Tensors, new: Tensors, *, base: int = 0, version: int = 1) -> De
             f"delta sync: the tensors changed names since the last sync (missing "
             f"{missing[:3]}, new {extra[:3]}); a full sync is needed"
         )
-    compress = _zstd().ZstdCompressor(level=1)
+    # Every core: 0.41 s against 0.49 s for 90 MB of XOR on this 2-core machine, more
+    # where there are more.
+    compress = _zstd().ZstdCompressor(level=1, threads=-1)
     manifest: dict[str, dict[str, Any]] = {}
     payloads: dict[str, bytes] = {}
     changed = total = 0
     for name, t in new.items():
-        b = bits(t)
+        # numpy: its XOR and count took 0.10 s where torch's took 0.71 s (57 M bf16
+        # elements, the 2 loaded cores).
+        b = bits(t).numpy()
         before = old[name]
         same_layout = before.dtype == t.dtype and before.shape == t.shape
-        xor = b ^ bits(before) if same_layout else b
-        n = int(torch.count_nonzero(xor))
-        changed, total = changed + n, total + b.numel()
+        xor = np.bitwise_xor(b, bits(before).numpy()) if same_layout else b
+        n = int(np.count_nonzero(xor))
+        changed, total = changed + n, total + b.size
         manifest[name] = {
             "dtype": str(t.dtype).removeprefix("torch."),
             "shape": list(t.shape),
@@ -144,7 +148,7 @@ def encode(old: Tensors, new: Tensors, *, base: int = 0, version: int = 1) -> De
             "whole": not same_layout,
         }
         if manifest[name]["changed"]:
-            payloads[name] = compress.compress(xor.numpy())
+            payloads[name] = compress.compress(xor)
     return Delta(
         base,
         version,

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from vime.engine import delta as codec
@@ -111,9 +112,8 @@ def _changed_frac(old: Tensors, new: Tensors) -> float:
     changed = total = 0
     for name, t in new.items():
         same = old[name].dtype == t.dtype and old[name].shape == t.shape
-        changed += (
-            int(torch.count_nonzero(codec.bits(t) != codec.bits(old[name]))) if same else t.numel()
-        )
+        before = codec.bits(old[name]).numpy()
+        changed += int(np.count_nonzero(codec.bits(t).numpy() != before)) if same else t.numel()
         total += t.numel()
     return changed / max(total, 1)
 
