@@ -185,13 +185,13 @@ def setup_repo(sandbox: Any, task: SWETask, timeout: float) -> str:
         ]
     )
     result = sandbox.exec(["/bin/sh", "-c", script], timeout=timeout, workdir=task.repo_dir)
-    if not result.ok:
+    commit = result.stdout.split()
+    if not result.ok or not commit:
         from vime.errors import SandboxError
 
-        raise SandboxError(
-            f"setting up the repository of task {task.id!r} failed: {result.output.strip()[-500:]}"
-        )
-    return result.stdout.strip().splitlines()[-1]
+        said = result.output.strip()[-500:] or f"exit {result.exit_code} and no commit printed"
+        raise SandboxError(f"setting up the repository of task {task.id!r} failed: {said}")
+    return commit[-1]
 
 
 def agent_diff(sandbox: Any, task: SWETask, base: str, timeout: float) -> str:

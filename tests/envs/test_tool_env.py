@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+
 import vime
 from vime.envs import ToolContext, ToolEnv, Toolset, tool
+from vime.errors import EnvError
 from vime.types import Action, ToolCall
 
 
@@ -101,3 +104,33 @@ def test_reset_and_close_release_the_sandbox():
     env.close()
     env.close()
     assert all(s.closed for s in env.sandboxes) and len(env.sandboxes) == 2
+
+
+def test_a_sandbox_that_cannot_be_prepared_is_an_env_error_not_an_answer():
+    # A tool that reads ctx.sandbox once answered the policy "error: <tool> raised
+    # IndexError: ..." when the env's on_acquire failed that way: the episode went on with
+    # no sandbox and no error status, as if the policy had erred.
+    @tool
+    def run(ctx: ToolContext) -> str:
+        """Use the sandbox."""
+        return str(ctx.sandbox)
+
+    made: list[FakeSandbox] = []
+
+    def make() -> FakeSandbox:
+        made.append(FakeSandbox())
+        return made[-1]
+
+    def prepare(sandbox: FakeSandbox) -> None:
+        [][-1]  # e.g. a setup command's output parsed when it printed nothing
+
+    ctx = ToolContext(sandbox_factory=make, on_acquire=prepare, task={"id": "t1"})
+    with pytest.raises(EnvError, match=r"preparing the episode's sandbox raised IndexError") as err:
+        Toolset([run]).call(ToolCall("run", {}), ctx)
+    assert err.value.task_id == "t1" and made[0].closed and not ctx.acquired
+
+    def broken() -> FakeSandbox:
+        raise RuntimeError("can't start new thread")
+
+    with pytest.raises(EnvError, match=r"making the episode's sandbox raised RuntimeError"):
+        Toolset([run]).call(ToolCall("run", {}), ToolContext(sandbox_factory=broken))

@@ -28,13 +28,14 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import posixpath
 import re
 import time
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,23 +89,42 @@ class ToolContext:
 
     @property
     def sandbox(self) -> Any:
-        """The episode's sandbox, created on first use."""
+        """The episode's sandbox, created on first use.
+
+        Making or preparing it fails only with :class:`SandboxError` or :class:`EnvError`
+        (any other exception is raised as an EnvError): a tool would answer another one
+        to the policy as ``error: ... raised ...``, and the episode would go on without
+        a sandbox, no error status, as if the policy had erred.
+        """
         if self._sandbox is None:
             if self.sandbox_factory is None:
                 raise EnvError(
                     "a tool needs a sandbox but this ToolContext has no sandbox_factory; "
                     "the env must pass one (e.g. lambda: DockerSandbox(config))"
                 )
-            sandbox = self.sandbox_factory()
+            with self._env_failure("making the episode's sandbox"):
+                sandbox = self.sandbox_factory()
             try:
-                if self.on_acquire is not None:
-                    self.on_acquire(sandbox)
+                with self._env_failure("preparing the episode's sandbox"):
+                    if self.on_acquire is not None:
+                        self.on_acquire(sandbox)
             except BaseException:
                 sandbox.close()
                 raise
             self._sandbox = sandbox
             self.acquired = True
         return self._sandbox
+
+    @contextlib.contextmanager
+    def _env_failure(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except (SandboxError, EnvError):
+            raise
+        except Exception as err:
+            raise EnvError(
+                f"{what} raised {type(err).__name__}: {err}", task_id=str(self.task.get("id"))
+            ) from err
 
     def close(self) -> None:
         """Release the sandbox if one was acquired. Safe to call twice."""
