@@ -11,7 +11,8 @@ The RL loop needs four calls::
 Modules, one idea each: ``compat`` (CPU shims), ``parallel`` (process groups), ``model``
 (HF config → GPTModel), ``hf`` (weights in and out), ``logprobs`` (chunked, vocab-parallel),
 ``losses`` (GRPO/PPO/GSPO/TIS/KL/entropy), ``batching`` (token-budget packing),
-``checkpoint`` (dist_checkpointing), ``config`` (TrainerConfig), ``step`` (Trainer).
+``checkpoint`` (dist_checkpointing), ``config`` (TrainerConfig), ``step`` (Trainer),
+``lora`` (LoRA adapters, ``trainer.lora.*``), ``lora_export`` (them as PEFT or merged).
 
 Names are imported lazily, so ``import vime.trainer.losses`` does not import Megatron.
 
