@@ -32,6 +32,7 @@ group: anything with ``export_delta(folder, version, full)`` can export):
     [1.0, 0.0, 0.0]
     >>> sorted(p.name for p in (run / "weights").iterdir())
     ['v000001', 'v000002.delta', 'v000003.delta']
+    >>> shutil.rmtree(run)
 """
 
 from __future__ import annotations
