@@ -39,7 +39,7 @@ Example:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -77,7 +77,6 @@ class Delta:
     payloads: dict[str, bytes]
     changed_frac: float = 0.0
     full_bytes: int = 0
-    timings: dict[str, float] = field(default_factory=dict)
 
     @property
     def bytes(self) -> int:
@@ -96,7 +95,7 @@ def bits(t: torch.Tensor) -> torch.Tensor:
 
 
 def checksum(t: torch.Tensor) -> str:
-    """The xxh3-64 hex digest of ``t``'s bytes (its dtype and shape are checked apart).
+    """The xxh3-64 hex digest of ``t``'s bytes (dtype and shape travel in the manifest).
 
     Example:
         >>> checksum(torch.zeros(2)) == checksum(torch.zeros(2)), checksum(torch.ones(2))
