@@ -28,6 +28,7 @@ Example (the ratio printed is adapter over full):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -82,7 +83,9 @@ def model_folder(name: str, root: Path) -> Path:
     return folder
 
 
-def measure(folder: Path, rank: int, reps: int, url: str, work: Path, dtype: str) -> dict[str, Any]:
+def measure(
+    folder: Path, rank: int, reps: int, url: str, work: Path, dtype: str, full_url: str = ""
+) -> dict[str, Any]:
     """``reps`` train steps, each synced full then as an adapter; medians."""
     from vime.engine import EngineClient
     from vime.sync.disk import DiskWeightSync
@@ -96,7 +99,8 @@ def measure(folder: Path, rank: int, reps: int, url: str, work: Path, dtype: str
     vocab = trainer.spec.vocab_size
     engine = EngineClient(url, timeout_s=600)
     base = engine.served_models()[0]
-    full = DiskWeightSync(trainer, [engine], work / "full")
+    plain = EngineClient(full_url, timeout_s=600) if full_url else engine
+    full = DiskWeightSync(trainer, [plain], work / "full")
     adapter = LoraWeightSync(trainer, [engine], work / "adapters", base=base)
     rows = []
     for version in range(1, reps + 2):  # the first of each is a warm-up
@@ -186,12 +190,17 @@ def main(models: list[str], rank: int, reps: int, device: str, json_path: str = 
                 device=device,
                 dtype=dtype,
                 max_model_len=512,
-                gpu_memory_utilization=0.3,
+                gpu_memory_utilization=0.25,
                 extra_args=["--enforce-eager", "--skip-tokenizer-init"],
             )
-        with VLLMServer(lora_launch(config, rank)) as server:
+        # vLLM 0.26 (GPU) cannot reload a LoRA engine's base in place (its linears are
+        # LoRA wrappers): there the full sync goes to a second, plain engine.
+        with contextlib.ExitStack() as stack:
+            server = stack.enter_context(VLLMServer(lora_launch(config, rank)))
+            plain = stack.enter_context(VLLMServer(config)) if device == "cuda" else None
             print(f"{name}: engine ready in {time.perf_counter() - t0:.0f} s", flush=True)
-            results.append(measure(folder, rank, reps, server.url, root / name, dtype))
+            full_url = plain.url if plain else ""
+            results.append(measure(folder, rank, reps, server.url, root / name, dtype, full_url))
             print(json.dumps({k: v for k, v in results[-1].items() if "split" not in k}))
     report(results)
     if json_path:
