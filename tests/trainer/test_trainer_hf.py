@@ -7,7 +7,8 @@ import torch
 import transformers as tf
 
 from vime.errors import UnsupportedArchitectureError
-from vime.trainer.hf import export_hf, hf_to_local, load_hf_weights, local_to_hf, read_hf_state
+from vime.trainer.hf import export_hf, load_hf_weights, read_hf_state
+from vime.trainer.hf_layout import hf_to_local, local_to_hf
 from vime.trainer.model import build_gpt_model, model_spec_from_hf
 
 

@@ -242,7 +242,8 @@ def hf_gpu_state(module: Any, dtype: str, *, everywhere: bool) -> Tensors | None
     """
     from megatron.core import parallel_state as ps
 
-    from vime.trainer.hf import _gather_tp, _param_maps, _unwrap, hf_state_dict, local_to_hf
+    from vime.trainer.hf import _gather_tp, _param_maps, _unwrap, hf_state_dict
+    from vime.trainer.hf_layout import local_to_hf
 
     cast = None if dtype == "auto" else getattr(torch, dtype)
     # The trainer's device (a CPU trainer too: the gather is tested on CPU).

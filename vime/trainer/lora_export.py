@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from vime.trainer.hf import local_to_hf
+from vime.trainer.hf_layout import local_to_hf
 from vime.trainer.lora import TARGETS, LoraAdapters, LoraConfig, lora_of
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
