@@ -21,7 +21,7 @@ How the guarantees are implemented:
   pid. The host side reads the exec stream with a deadline, so ``exec`` returns within
   ``timeout`` + a few tens of ms, or declares the sandbox dead after ``kill_grace``.
 - **Output**: read frame by frame from the raw exec socket, after the frames the SDK's
-  buffered reader took with the response headers (:func:`_read_ahead`); past
+  buffered reader took with the response headers (:func:`vime.sandbox.stream.read_ahead`); past
   ``max_output_bytes`` per stream the bytes are drained and dropped, and the result is
   marked truncated.
 - **Background processes** (``cmd &``) keep the exec's output pipe open, and docker then
@@ -47,7 +47,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
@@ -64,7 +64,8 @@ from vime.sandbox.inside import (
     RESET_SCRIPT,
     oom_kills,
 )
-from vime.sandbox.stream import Capped, Demux, pump, send_stdin
+from vime.sandbox.removal import remove_container, remove_unremoved
+from vime.sandbox.stream import Capped, Demux, pump, read_ahead, send_stdin
 
 __all__ = ["DockerSandbox", "SandboxConfig"]
 
@@ -91,46 +92,6 @@ class _Ran(NamedTuple):
 # Sandboxes still open when the interpreter exits are removed then (a crash or
 # SIGKILL skips this; `vime-agent sandbox gc` finds those by their labels).
 _open_sandboxes: weakref.WeakSet[DockerSandbox] = weakref.WeakSet()
-
-
-# Containers whose removal failed (their daemon was down): host -> ids. Retried when a
-# sandbox next starts on that host, and at exit; `vime-agent sandbox gc` is the last resort.
-_unremoved: dict[str, set[str]] = {}
-_unremoved_lock = threading.Lock()
-
-
-def _remove_container(host: str, container_id: str) -> bool:
-    """Force-remove one container; True once it is gone, else it is queued for a retry."""
-    import docker.errors
-
-    try:
-        docker_client(host).api.remove_container(container_id, force=True, v=True)
-        gone = True
-    except docker.errors.NotFound:
-        gone = True
-    except docker.errors.APIError as err:  # 409: auto-remove is already removing it
-        gone = err.status_code == 409
-    except Exception:  # the daemon is down or unreachable
-        gone = False
-    with _unremoved_lock:
-        if gone:
-            _unremoved.get(host, set()).discard(container_id)
-        else:
-            _unremoved.setdefault(host, set()).add(container_id)
-    return gone
-
-
-def remove_unremoved(host: str | None = None) -> list[str]:
-    """Retry the removals that failed earlier (on ``host``, or every host); return the ids
-    still not removed.
-
-    Example:
-        >>> remove_unremoved("unix:///nonexistent.sock")
-        []
-    """
-    with _unremoved_lock:
-        todo = [(h, c) for h, ids in _unremoved.items() if host in (None, h) for c in ids]
-    return [c for h, c in todo if not _remove_container(h, c)]
 
 
 @atexit.register
@@ -218,7 +179,7 @@ class DockerSandbox:
             try:
                 container.start()
             except Exception:
-                _remove_container(self.host, container.id)
+                remove_container(self.host, container.id)
                 raise
         self._container = container
         remove_unremoved(self.host)  # the host answers again: retry what failed before
@@ -246,7 +207,7 @@ class DockerSandbox:
             if self._closed:
                 return
             self._closed = True
-        _remove_container(self.host, self.id)
+        remove_container(self.host, self.id)
 
     def probe(self) -> bool:
         """Ask docker whether the container still runs; mark the sandbox dead if not.
@@ -378,7 +339,7 @@ class DockerSandbox:
         timed_out = False
         try:
             demux = Demux(out, err)
-            demux.feed(_read_ahead(sock, raw))
+            demux.feed(read_ahead(sock, raw))
             sent = stdin is None or send_stdin(raw, stdin, deadline)
             if not sent or not pump(raw, demux, deadline):
                 timed_out = True
@@ -620,28 +581,6 @@ class DockerSandbox:
             self.kill_all()
             time.sleep(0.05)
             self._file_op(argv, "reset", timeout=timeout)
-
-
-def _read_ahead(sock: Any, raw: Any) -> bytes:
-    """The exec stream's first bytes, if the docker SDK already took them off the socket.
-
-    The SDK reads the response's headers through a buffered reader, which reads ahead: when
-    a quick command's output is already there, its frames go into that buffer with the
-    headers, and reading the raw socket never sees them (1 exec in 900 returned exit 0 and
-    an empty stdout with 6 sandboxes busy on 2 loaded cores; SWE's repository setup then
-    parsed no commit). Only what is buffered or readable now is taken: no wait.
-    """
-    response = getattr(sock, "_response", None)
-    reader: Any = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
-    if not hasattr(reader, "read1"):
-        return b""
-    raw.settimeout(0.0)
-    try:
-        return bytes(reader.read1(1 << 16) or b"")
-    except (BlockingIOError, InterruptedError):
-        return b""
-    finally:
-        raw.settimeout(None)
 
 
 _known_images: set[tuple[str, str]] = set()

@@ -137,3 +137,25 @@ def pump(raw: Any, demux: Demux, deadline: float) -> bool:
             demux.feed(chunk)
     finally:
         sel.close()
+
+
+def read_ahead(sock: Any, raw: Any) -> bytes:
+    """The exec stream's first bytes, if the docker SDK already took them off the socket.
+
+    The SDK reads the response's headers through a buffered reader, which reads ahead: when
+    a quick command's output is already there, its frames go into that buffer with the
+    headers, and reading the raw socket never sees them (1 exec in 900 returned exit 0 and
+    an empty stdout with 6 sandboxes busy on 2 loaded cores; SWE's repository setup then
+    parsed no commit). Only what is buffered or readable now is taken: no wait.
+    """
+    response = getattr(sock, "_response", None)
+    reader: Any = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    if not hasattr(reader, "read1"):
+        return b""
+    raw.settimeout(0.0)
+    try:
+        return bytes(reader.read1(1 << 16) or b"")
+    except (BlockingIOError, InterruptedError):
+        return b""
+    finally:
+        raw.settimeout(None)
