@@ -277,6 +277,17 @@ class PolicyClient:
         """The weight version last recorded for ``url``."""
         return self._router.weight_version(url)
 
+    async def answering(self) -> list[str]:
+        """The servers whose ``/health`` answers now (all asked at once, each for at most
+        the probes' health timeout).
+
+        Example (skipped as a doctest: it needs a running vLLM server):
+            >>> await client.answering()  # doctest: +SKIP
+            ['http://127.0.0.1:8000']
+        """
+        found = await asyncio.gather(*(self._probes.answers(url) for url in self.urls))
+        return [url for url, ok in zip(self.urls, found, strict=True) if ok]
+
     async def model_name(self) -> str:
         """The served model name (from the config, else the first server's ``/v1/models``)."""
         if not self._model:

@@ -48,6 +48,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import logging
 import re
 import sys
 import time
@@ -59,6 +60,7 @@ from typing import Any
 import vime.envs as envs
 from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
+from vime.agents.episode import lost_to_engine
 from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
@@ -84,6 +86,8 @@ from vime.runs.export import run_checkpoints
 from vime.runs.folder import is_run_folder
 from vime.types import Episode
 
+log = logging.getLogger("vime.eval")
+
 # ---------------------------------------------------------------- running a suite
 
 
@@ -106,6 +110,13 @@ def check_envs(suite: Suite) -> None:
             ) from err
 
 
+ENGINE_RETRIES = 3
+"""Rounds in which a set plays again the episodes an engine lost (killed, hung)."""
+
+ENGINE_WAIT_S = 120.0
+"""How long each such round waits for an engine to answer ``/health`` again first."""
+
+
 async def _run_set(
     policy: PolicyClient,
     tokenizer: Any,
@@ -113,16 +124,56 @@ async def _run_set(
     tasks: list[Task],
     rewards: Rewards | None,
     generate: GenerateFn | None,
-) -> tuple[list[Episode], float]:
-    """Every task of one set ``n_samples`` times; returns the episodes and the wall time."""
+) -> tuple[list[Episode], float, int]:
+    """Every task of one set ``n_samples`` times; returns the episodes, the wall time and
+    how many episodes were played again because an engine lost them."""
     # The set's collector config is the function's ctx.sampling (the eval's, greedy).
     collector = Collector(policy, tokenizer, s.collector, generate=generate, rewards=rewards)
+    maker = envs.EnvMaker(s.env, dict(s.kwargs))
     t0 = time.perf_counter()
     try:
-        episodes = await collector.collect(tasks, envs.EnvMaker(s.env, dict(s.kwargs)))
+        episodes = await collector.collect(tasks, maker)
+        retried = await _replay_lost(policy, collector, tasks, maker, episodes, s.name)
     finally:
         collector.close()
-    return episodes, time.perf_counter() - t0
+    return episodes, time.perf_counter() - t0, retried
+
+
+async def _replay_lost(
+    policy: PolicyClient,
+    collector: Collector,
+    tasks: list[Task],
+    maker: envs.EnvMaker,
+    episodes: list[Episode],
+    name: str,
+) -> int:
+    """Play again, in place, the episodes an engine lost (each as the same task and sample),
+    once an engine answers again, for up to :data:`ENGINE_RETRIES` rounds; returns how
+    many were played again. Episodes still lost after that stay ``aborted`` in the report
+    (its ``aborted`` share), with their reason."""
+    retried = 0
+    for round_ in range(1, ENGINE_RETRIES + 1):
+        lost = [i for i, ep in enumerate(episodes) if lost_to_engine(ep)]
+        if not lost:
+            break
+        log.warning(
+            "eval set %s: %d of %d episodes lost to an unavailable engine (%s); playing "
+            "them again once an engine answers (round %d of %d)",
+            name,
+            len(lost),
+            len(episodes),
+            episodes[lost[0]].reason[:160],
+            round_,
+            ENGINE_RETRIES,
+        )
+        deadline = time.monotonic() + ENGINE_WAIT_S
+        while not await policy.answering() and time.monotonic() < deadline:
+            await asyncio.sleep(1.0)
+        again = await collector.rerun([episodes[i] for i in lost], tasks, maker)
+        for i, episode in zip(lost, again, strict=True):
+            episodes[i] = episode
+        retried += len(lost)
+    return retried
 
 
 async def run_suite(
@@ -149,12 +200,12 @@ async def run_suite(
     rows: list[dict[str, Any]] = []
     episodes: list[Episode] = []
     for s in suite.sets:
-        found, wall_s = await _run_set(
+        found, wall_s, retried = await _run_set(
             policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s), rewards, generate
         )
         rows += task_rows(s.name, s.env, found, s.k, s.success)
         episodes += found
-        sets.append(_set_settings(s, wall_s))
+        sets.append({**_set_settings(s, wall_s), "engine_retried": retried})
     suite_meta = {"suite": suite.name, "suite_file": suite.source, "description": suite.description}
     return build_report({**suite_meta, **meta}, sets, rows), episodes
 
