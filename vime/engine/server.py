@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from vime.engine import delta_worker, vllm_auth, vllm_plugin
+from vime.engine import cpu_seed_rewind, delta_worker, vllm_auth, vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 from vime.net import engine_headers, free_port, remember_engine_key
@@ -373,13 +373,16 @@ class VLLMServer:
         if c.api_key:
             env[vllm_auth.KEY_ENV] = c.api_key
         env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
+        env.pop(cpu_seed_rewind.ENV, None)
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
-            if c.spin_sleep_us > 0:  # read by vime.engine.vllm_plugin inside vLLM's processes
+            # Both read by vime.engine.vllm_plugin inside vLLM's processes.
+            env[cpu_seed_rewind.ENV] = "1"  # seeded requests survive a chunked prefill
+            if c.spin_sleep_us > 0:
                 env[vllm_plugin.ENV] = str(c.spin_sleep_us)
-                allowed = env.get("VLLM_PLUGINS", "")
-                if allowed:  # an allowlist of vLLM plugins: keep vime's on it
-                    env["VLLM_PLUGINS"] = f"{allowed},{vllm_plugin.NAME}"
+            allowed = env.get("VLLM_PLUGINS", "")
+            if allowed:  # an allowlist of vLLM plugins: keep vime's on it
+                env["VLLM_PLUGINS"] = f"{allowed},{vllm_plugin.NAME}"
             if c.omp_threads > 0:
                 env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
                 env["OMP_NUM_THREADS"] = str(c.omp_threads)

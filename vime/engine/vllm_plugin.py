@@ -34,6 +34,8 @@ import os
 import time
 from typing import Any
 
+from vime.engine import cpu_seed_rewind
+
 # A child of vLLM's logger: vLLM's processes print it, with their pid, in the server log.
 log = logging.getLogger("vllm.vime_plugin")
 
@@ -44,7 +46,13 @@ NAME = "vime_cpu_no_spin"  # vime's entry point in the vllm.general_plugins grou
 def register() -> bool:
     """Patch vLLM's shared-memory queue reader to sleep while it waits; True if patched
     (with ``VIME_VLLM_SPIN_SLEEP_US`` set; no doctest of that case: it would patch vLLM for
-    the rest of the process. The module example shows the unset case)."""
+    the rest of the process. The module example shows the unset case). Also applies
+    :mod:`vime.engine.cpu_seed_rewind` where the launcher asked for it."""
+    cpu_seed_rewind.patch()
+    return _sleep_instead_of_spinning()
+
+
+def _sleep_instead_of_spinning() -> bool:
     raw = os.environ.get(ENV, "")
     if not raw or raw == "0":
         return False

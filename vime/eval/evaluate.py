@@ -149,8 +149,9 @@ async def _replay_lost(
 ) -> int:
     """Play again, in place, the episodes an engine lost (each as the same task and sample),
     once an engine answers again, for up to :data:`ENGINE_RETRIES` rounds; returns how
-    many were played again. Episodes still lost after that stay ``aborted`` in the report
-    (its ``aborted`` share), with their reason."""
+    many were played again. Episodes still lost after that, or when no engine answers
+    within :data:`ENGINE_WAIT_S`, stay ``aborted`` in the report (its ``aborted`` share),
+    with their reason."""
     retried = 0
     for round_ in range(1, ENGINE_RETRIES + 1):
         lost = [i for i, ep in enumerate(episodes) if lost_to_engine(ep)]
@@ -167,7 +168,12 @@ async def _replay_lost(
             ENGINE_RETRIES,
         )
         deadline = time.monotonic() + ENGINE_WAIT_S
-        while not await policy.answering() and time.monotonic() < deadline:
+        while not await policy.answering():
+            if time.monotonic() >= deadline:  # gone for good (no one restarts it here)
+                log.warning(
+                    "eval set %s: no engine answers; %d episodes stay lost", name, len(lost)
+                )
+                return retried
             await asyncio.sleep(1.0)
         again = await collector.rerun([episodes[i] for i in lost], tasks, maker)
         for i, episode in zip(lost, again, strict=True):
