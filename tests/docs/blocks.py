@@ -96,6 +96,8 @@ BENCH_SHORTEN: dict[str, tuple[str, ...]] = {
     # The tiny shape: on a GPU the script would build and train its 1.5B model.
     "bench/trainer_step.py": ("--size", "tiny", "--seq", "128", "--reps", "1", "--warmup", "0"),
     "bench/weight_sync.py": ("--reps", "1"),
+    # The tiny model alone (its own LoRA engine), one timed sync of each kind.
+    "bench/lora_sync.py": ("--models", "tiny", "--reps", "1"),
     # The tiny shape instead of the 1.78B one (--measure then builds a tiny Trainer).
     "bench/rank_memory.py": ("--model", "bench-tiny"),
     # The tiny default model ("" picks it) instead of the block's own folder.
