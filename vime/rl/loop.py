@@ -122,12 +122,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         console = StepConsole(total=cfg.steps, run_dir=run.root)
         tasks, held_out = task_sources(cfg)
         start = restore(run, group, tasks)
-        metrics_log, buffer = _run_writers(cfg, run, fleet.urls, cleanup)
-        # The steps after the checkpoint are trained again (replayed from the buffer, or
-        # played afresh): their earlier rows move aside, so each step keeps one row. A run
-        # resumed before its first checkpoint also redoes its step-0 eval.
-        if metrics_log.supersede(start if start > 0 else -1):
-            log.info("metrics rows after step %d moved to metrics.superseded.jsonl", start)
+        metrics_log, buffer = _run_writers(cfg, run, fleet.urls, cleanup, start)
         engines, policy, sync = engine_clients(cfg, fleet, group, run, start, external)
         cleanup.enter_context(run_stall_watch(cfg, run.root, fleet.urls))  # watchdog.stall_s
         launched = [e for e in engines if e.url in fleet.launched]
@@ -201,7 +196,11 @@ def _rollouts(
 
 
 def _run_writers(
-    cfg: TrainConfig, run: RunDir, engine_urls: list[str], cleanup: contextlib.ExitStack
+    cfg: TrainConfig,
+    run: RunDir,
+    engine_urls: list[str],
+    cleanup: contextlib.ExitStack,
+    start: int,
 ) -> tuple[StepRecorder, DataBuffer]:
     """(Rank 0.) What the run writes each step, closed by ``cleanup``: the metrics and
     traces, and the episode buffer; the run page is drawn at a clean end, after the
@@ -212,6 +211,11 @@ def _run_writers(
     )
     buffer = DataBuffer(run.root)
     cleanup.callback(buffer.close)
+    # The steps after the checkpoint (``start``) are trained again (replayed from the
+    # buffer, or played afresh): their earlier rows move aside, so each step keeps one row.
+    # A run resumed before its first checkpoint also redoes its step-0 eval.
+    if recorder.supersede(start if start > 0 else -1):
+        log.info("metrics rows after step %d moved to metrics.superseded.jsonl", start)
     return recorder, buffer
 
 
