@@ -33,6 +33,9 @@ an optional marker comment on the line before it:
   tests/placement/test_two_nodes.py runs it on two network namespaces of this machine, shortened
   to 3 steps, with the flags that the scaling page's network notes give for hosts that
   share a hostname (``--rdzv-conf is_host=1`` on node 0, ``--local-addr``).
+  ``<!-- docs-test: hosts 2 -->`` marks the one recipe for sandboxes on two docker daemons:
+  tests/faults/test_sandbox_hosts.py runs it as one bash script in a scratch folder (its
+  second daemon's state there, the training command shortened to one step).
   ``<!-- docs-test: slurm 2 -->`` marks the one Slurm batch script: tests/placement/test_slurm.py
   submits it with ``sbatch --wait`` to a two-node Slurm cluster that it starts on two
   network namespaces, each with its own host name, shortened to 3 steps.
@@ -67,7 +70,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 # A marker comment; one that names no treatment here is an error (a typo would run nothing).
 MARKER = re.compile(
-    r"<!--\s*docs-test:\s*(?P<kind>file|docker|run-folder|short|gpu|serve|nodes|slurm)\s*(?P<arg>.*?)\s*-->"
+    r"<!--\s*docs-test:\s*(?P<kind>file|docker|run-folder|short|gpu|serve|nodes|slurm|hosts)\s*(?P<arg>.*?)\s*-->"
 )
 FENCE = re.compile(r"^(?P<indent> *)(?P<fence>```+)(?P<info>[^`]*)$")
 SNIPPET = re.compile(r'^--8<--\s+"(?P<path>[^"]+)"\s*$')
@@ -128,7 +131,7 @@ class Block:
     page: str
     line: int
     lang: str
-    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve", "nodes", "slurm"
+    marker: str  # "", "file", "docker", "run-folder", "short", "gpu", "serve", "nodes", "slurm", "hosts"
     arg: str  # the marker's argument: the file name, the GPU or node count
     code: str
 

@@ -79,6 +79,8 @@ def test_every_block_has_one_treatment():
             and [c.split()[0] for c in cmds] == ["srun"]
         ):
             problems.append(f"{b.where}: 'slurm' marks a batch script: #SBATCH lines, one srun")
+        if b.marker == "hosts" and (b.lang != "bash" or not any(_runs(c, "train") for c in cmds)):
+            problems.append(f"{b.where}: 'hosts' marks a bash block that trains on two daemons")
         if b.marker == "gpu" and not b.arg.isdigit():
             problems.append(f"{b.where}: 'gpu N' needs the number of GPUs")
         if b.marker == "serve" and (
@@ -90,9 +92,11 @@ def test_every_block_has_one_treatment():
         ):
             problems.append(f"{b.where}: 'run-folder' marks a shell block that names RUN")
     assert not problems, "\n".join(problems)
-    # tests/placement/test_two_nodes.py and test_slurm.py run the one block of each.
+    # tests/placement/test_two_nodes.py and test_slurm.py run the one block of each;
     assert [b.arg for b in BLOCKS if b.marker == "nodes"] == ["2"]
     assert [b.arg for b in BLOCKS if b.marker == "slurm"] == ["2"]
+    # tests/faults/test_sandbox_hosts.py runs the one two-daemon recipe.
+    assert [b.arg for b in BLOCKS if b.marker == "hosts"] == ["2"]
     assert len(BLOCKS) > 20  # the docs have code; an extraction bug would find none
 
 

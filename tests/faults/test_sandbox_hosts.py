@@ -3,17 +3,24 @@ the project's own, ``second_daemon`` in conftest.py): vime/Tools-v0 episodes thr
 with a scripted policy spread over both (at most ``per_host_limit`` per host), and a
 daemon that dies mid-step: its episodes end ``error`` with the reason, the others
 complete, the host is taken out of rotation, and is used again once it is back. No
-container is left on either daemon.
+container is left on either daemon. And docs/sandboxes.md's two-daemon recipe (the block
+marked ``hosts 2``), run as one script: its own second daemon, a one-step SWE training run
+over both.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import threading
 import uuid
 from typing import Any
 
 import pytest
 
+from tests.docs.blocks import ROOT, all_blocks
+from tests.docs.test_code_blocks import shortened
 from tests.faults._faults import wait_for
 from tests.faults._sandbox_episodes import collect, labelled, running
 from vime.sandbox import SandboxConfig, base_image_tag
@@ -78,6 +85,10 @@ def test_episodes_spread_over_two_daemons(two_daemons, tok):
     assert [(ep.status, ep.reward) for ep in out[0]] == [(EpisodeStatus.COMPLETED, 1.0)] * 8
     figures = take_figures()
     assert (_leases(figures, a), _leases(figures, daemon.host)) == (4.0, 4.0)
+    # Each episode says which daemon its sandbox ran on: 1.0 for that host, 0.0 for the other.
+    keys = [f"sandbox_host/{host_label(h)}" for h in (a, daemon.host)]
+    shares = [[ep.metrics[k] for k in keys] for ep in out[0]]
+    assert sorted(shares) == [[0.0, 1.0]] * 4 + [[1.0, 0.0]] * 4, shares
     assert figures["sandbox/hosts"] == 2.0 and figures["sandbox/failures"] == 0.0
     _no_container_left([a, daemon.host], tag)
 
@@ -129,3 +140,46 @@ def test_a_daemon_dying_mid_step(two_daemons, tok):
         close_pools()
         daemon.start()  # running again (a no-op when it is), for the module's other tests
     _no_container_left([a, b], tag)
+
+
+def test_the_docs_two_daemon_recipe_trains(docker_host, shared_engine, tiny_model_dir, tmp_path):
+    """docs/sandboxes.md's recipe, as a user runs it from the project (here a scratch
+    folder whose ``scripts`` and ``.venv`` are the repository's): the project's daemon and
+    a second one of its own, the base image imported there, ``env=swe`` over both (one
+    step on the session's engine), the second daemon stopped. The run's preflight pinged
+    both daemons (a host that does not answer stops it before step 1)."""
+    (block,) = [b for b in all_blocks() if b.marker == "hosts"]
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / ".venv").symlink_to(ROOT / ".venv")
+    runs = tmp_path / "runs"
+    # Two turns of 32 tokens an episode: the random policy's 8 long turns only cost time.
+    brief = " env.kwargs.max_turns=2 rollout.collector.sampling.max_tokens=32"
+    lines = [
+        shortened(line, run_root=runs, ckpt=tiny_model_dir, run=None, url=shared_engine.url) + brief
+        if "vime-agent train" in line
+        else line.replace("bash scripts/", f"bash {ROOT}/scripts/")
+        for line in block.code.splitlines()
+    ]
+    script = "set -euo pipefail\n" + "\n".join(lines) + "\n"
+    second_state = folder / ".run" / "host2"
+    try:
+        out = subprocess.run(
+            ["bash", "-c", script],
+            cwd=folder,
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert out.returncode == 0, f"{script}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    finally:  # stopped even when the block failed before its last line
+        env = {**os.environ, "VIME_RUN_DIR": str(second_state)}
+        subprocess.run(["bash", str(ROOT / "scripts" / "dockerd.sh"), "stop"], env=env)
+        subprocess.Popen(["rm", "-rf", str(second_state)], start_new_session=True)
+    (run,) = list(runs.iterdir())
+    config = (run / "config.yaml").read_text()
+    second = (second_state / "docker" / "host").read_text().strip()
+    assert docker_host in config and second in config, config
+    rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "step" in r][-1] == 1

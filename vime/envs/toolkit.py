@@ -80,6 +80,9 @@ class ToolContext:
     exec_timeout: float = 10.0
     max_output_chars: int = 4000
     acquired: bool = False
+    # The docker host the sandbox ran on, and every host its config spreads over.
+    host: str = ""
+    hosts: tuple[str, ...] = ()
     _sandbox: Any = None
 
     @property
@@ -113,7 +116,27 @@ class ToolContext:
                 raise
             self._sandbox = sandbox
             self.acquired = True
+            self.host = str(getattr(sandbox, "host", "") or "")
+            hosts_of = getattr(getattr(sandbox, "config", None), "hosts", None)
+            listed = tuple(hosts_of()) if callable(hosts_of) else ()
+            self.hosts = listed or ((self.host,) if self.host else ())
         return self._sandbox
+
+    def host_metrics(self) -> dict[str, float]:
+        """``sandbox_host/<host>``: 1.0 for the docker host the episode's sandbox ran on,
+        0.0 for the config's other hosts (a step's mean is then each host's share of the
+        sandboxed episodes); empty when no sandbox was acquired.
+
+        Example:
+            >>> hosts = ("unix:///a.sock", "tcp://b:2375")
+            >>> ToolContext(acquired=True, host=hosts[0], hosts=hosts).host_metrics()
+            {'sandbox_host/a.sock': 1.0, 'sandbox_host/b_2375': 0.0}
+        """
+        if not (self.acquired and self.host):
+            return {}
+        from vime.sandbox.leases import host_label  # docker's SDK only where sandboxes run
+
+        return {f"sandbox_host/{host_label(h)}": float(h == self.host) for h in self.hosts}
 
     @contextlib.contextmanager
     def _env_failure(self, what: str) -> Iterator[None]:
@@ -591,8 +614,10 @@ class ToolEnv(Env):
         return time.monotonic() - self.started
 
     def episode_metrics(self) -> dict[str, float]:
-        """The counters, the turns used and whether a sandbox was acquired (see the class example)."""
-        return {**self.stats, "turns": float(self.turn), "sandbox_used": float(self.ctx.acquired)}
+        """The counters, the turns used, whether a sandbox was acquired and on which docker
+        host (:meth:`ToolContext.host_metrics`; see the class example)."""
+        used = {"sandbox_used": float(self.ctx.acquired), **self.ctx.host_metrics()}
+        return {**self.stats, "turns": float(self.turn), **used}
 
     def close(self) -> None:
         """Release the episode's sandbox, if one was acquired. Safe to call twice."""
