@@ -7,7 +7,8 @@
 #   bash scripts/dockerd.sh status
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-run="${VIME_RUN_DIR:-$root/.run}/docker"
+# Absolute: the socket path goes into DOCKER_HOST, read from other folders.
+run="$(realpath -m "${VIME_RUN_DIR:-$root/.run}")/docker"
 sock="$run/docker.sock"
 # A unix socket path must stay under ~107 bytes: deep checkouts put theirs in /tmp.
 short="/tmp/vime-docker-$(printf %s "$run" | md5sum | cut -c1-12)"
@@ -23,6 +24,8 @@ fi
 export DOCKER_HOST="unix://$sock"
 
 answers() { [ -S "$sock" ] && curl -sf --max-time 2 --unix-socket "$sock" http://localhost/_ping >/dev/null 2>&1; }
+# A SIGKILLed dockerd stays a zombie until something reaps it (kill -0 still succeeds).
+alive() { local state; state=$(ps -o stat= -p "$1" 2>/dev/null) && [[ $state != Z* ]]; }
 
 case "${1:-start}" in
   start)
@@ -33,8 +36,15 @@ case "${1:-start}" in
     fi
     mkdir -p "$run"
     # A stale pidfile from a killed run makes dockerd refuse to start.
-    if [ -f "$run/docker.pid" ] && ! kill -0 "$(cat "$run/docker.pid")" 2>/dev/null; then
+    if [ -f "$run/docker.pid" ] && ! alive "$(cat "$run/docker.pid")"; then
       rm -f "$run/docker.pid" "$sock"
+    fi
+    # So does its containerd's pidfile: dockerd would wait on that pid (a zombie, after a
+    # SIGKILL) to answer instead of starting a new containerd ("timeout waiting for
+    # containerd to start").
+    cpid="$exec_root/containerd/containerd.pid"
+    if [ -f "$cpid" ] && ! alive "$(cat "$cpid")"; then
+      rm -f "$cpid"
     fi
     # containerd is started by dockerd itself (its own state lives under exec-root).
     # VIME_DOCKERD_ARGS: extra flags, e.g. "--bridge=none --iptables=false" for a second
@@ -56,7 +66,7 @@ case "${1:-start}" in
     if [ -f "$run/docker.pid" ]; then
       pid=$(cat "$run/docker.pid")
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 40); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+      for _ in $(seq 1 40); do alive "$pid" || break; sleep 0.5; done
     fi
     ;;
   status)
