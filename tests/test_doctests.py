@@ -57,6 +57,7 @@ DOCKER = {
     "vime.sandbox.cli",
     "vime.sandbox.client",
     "vime.sandbox.docker",
+    "vime.sandbox.image_pools",
     "vime.sandbox.images",
     "vime.sandbox.leases",
     "vime.sandbox.pool",

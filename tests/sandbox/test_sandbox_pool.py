@@ -6,6 +6,7 @@ import asyncio
 import os
 import threading
 import time
+import uuid
 
 import pytest
 
@@ -55,6 +56,45 @@ def test_pool_replaces_dead_sandbox(sandbox_config):
         pool.release(fresh)
         stats = pool.stats()
         assert stats["discarded"] == 1 and stats["created"] == 2
+
+
+def _containers_of_run(pool: SandboxPool) -> int:
+    """The containers labelled with the pool's run id that docker still has."""
+    from vime.sandbox.client import docker_client
+
+    labels = [f"vime.run={pool.config.run_id}"]
+    return len(docker_client(pool.hosts[0]).api.containers(all=True, filters={"label": labels}))
+
+
+def test_pool_refills_ahead_and_shrinks_back_to_warm(sandbox_config):
+    """warm=2 of size 6: each acquire starts a replacement, so the next one finds a warm
+    sandbox (no container start on its clock); once all are back and idle for idle_s,
+    the pool removes those above warm, and their containers are gone."""
+    config = sandbox_config(run_id=f"pytest-shrink-{uuid.uuid4().hex[:8]}")  # its own count
+    with SandboxPool(config, size=6, warm=2, idle_s=1.5) as pool:
+        pool.wait_ready(60)
+        leased = []
+        for _ in range(4):
+            pool.wait_ready(60)  # the replacements the last acquire started
+            t0 = time.monotonic()
+            leased.append(pool.acquire(timeout=30))
+            assert time.monotonic() - t0 < 0.25  # warm each time: started ahead
+        pool.wait_ready(60)
+        assert pool.stats()["idle"] == 2 and pool.stats()["leased"] == 4  # 6 alive
+        for sb in leased:
+            pool.release(sb)
+        deadline = time.monotonic() + 30
+        while pool.stats()["shrunk"] < 4 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        stats = pool.stats()
+        assert (stats["shrunk"], stats["idle"], stats["leased"]) == (4, 2, 0), stats
+        assert sum(stats["per_host"].values()) == 2
+        # Removal is a kill; docker then removes the auto-remove container (under load, a
+        # while later).
+        deadline = time.monotonic() + 30
+        while _containers_of_run(pool) > 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _containers_of_run(pool) == 2
 
 
 def test_pool_replaces_an_idle_sandbox_whose_container_died(sandbox_config):

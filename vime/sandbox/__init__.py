@@ -26,6 +26,7 @@ from __future__ import annotations
 from vime.sandbox.base import ExecResult, Sandbox
 from vime.sandbox.config import SandboxConfig
 from vime.sandbox.docker import DockerSandbox
+from vime.sandbox.image_pools import ImagePools
 from vime.sandbox.images import (
     BaseImageRecipe,
     base_image_tag,
@@ -34,7 +35,7 @@ from vime.sandbox.images import (
     build_layered_image,
     distribute_image,
 )
-from vime.sandbox.pool import ImagePools, SandboxPool
+from vime.sandbox.pool import SandboxPool
 
 __all__ = [
     "BaseImageRecipe",

@@ -106,6 +106,9 @@ class SandboxConfig:
     # Most sandboxes of one image alive at once (leased + idle + starting); episodes
     # past it wait for a free one. Raising it raises memory use (``memory`` each).
     pool_max: int = 32
+    # Seconds a sandbox above ``pool_warm`` may sit idle before it is removed, so a pool
+    # that grew for a busy step shrinks back between steps; 0 keeps them until exit.
+    pool_idle_s: float = 60.0
     # Most sandboxes of one pool on any one docker host; 0 = only ``pool_max``. Lower it
     # when a host is small: the pool then fills the other hosts instead.
     per_host_limit: int = 0
@@ -147,6 +150,7 @@ class SandboxConfig:
             f"must be in [0, pool_max={self.pool_max}], got {self.pool_warm}",
         )
         require(self.per_host_limit >= 0, "sandbox.per_host_limit", "must be >= 0 (0 = no limit)")
+        require(self.pool_idle_s >= 0, "sandbox.pool_idle_s", "must be >= 0 (0 = keep them)")
         for host in self.docker_hosts:
             require(
                 host.startswith(("unix://", "tcp://", "ssh://", "http://", "https://")),

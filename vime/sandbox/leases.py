@@ -35,7 +35,8 @@ from vime.errors import SandboxError
 from vime.sandbox.base import ExecResult
 from vime.sandbox.config import SandboxConfig
 from vime.sandbox.docker import DockerSandbox
-from vime.sandbox.pool import ImagePools, SandboxPool
+from vime.sandbox.image_pools import ImagePools
+from vime.sandbox.pool import SandboxPool
 
 # Seconds an episode waits for a sandbox when its pool is at pool_max (all leased).
 ACQUIRE_TIMEOUT_S = 600.0
@@ -176,7 +177,11 @@ def pool_for(config: SandboxConfig) -> SandboxPool:
         pools = _pools.get(repr(limits))
         if pools is None:
             pools = _pools[repr(limits)] = ImagePools(
-                limits, size_per_image=config.pool_max, max_images=MAX_IMAGES, warm=config.pool_warm
+                limits,
+                size_per_image=config.pool_max,
+                max_images=MAX_IMAGES,
+                warm=config.pool_warm,
+                idle_s=config.pool_idle_s,
             )
     return pools.pool(config.image)
 

@@ -10,8 +10,11 @@ its rootfs is writable (a reset cannot undo writes there). New sandboxes are spr
 the configured docker hosts, the one with the most free capacity first (at most
 ``config.per_host_limit`` on one host); a host where a start fails is taken out of
 rotation for :data:`HOST_RETRY_S` seconds (doubling while it keeps failing), then retried.
-With ``warm`` below ``size`` the pool starts ``warm`` sandboxes up front and grows on
-demand: an acquire that finds none idle starts one more, up to ``size``.
+With ``warm`` below ``size`` the pool starts ``warm`` sandboxes up front and grows ahead
+of demand: each acquire starts replacements so that ``warm`` stay idle or starting (up to
+``size``), and one that still finds none idle starts one more. Past ``warm`` idle ones,
+sandboxes idle for ``idle_s`` are removed, so a pool that grew for a busy step shrinks
+back.
 
 From asyncio, use :meth:`SandboxPool.acquire_async` / :meth:`release_async` /
 :meth:`session_async` and :meth:`run_async` for blocking sandbox calls: they run on the
@@ -49,13 +52,17 @@ T = TypeVar("T")
 PROBE_AFTER_S = 1.0
 # Seconds a docker host stays out of rotation after a failed start (doubles, up to 30 s).
 HOST_RETRY_S = 2.0
+# Most seconds between two looks for idle sandboxes to remove (see ``idle_s``).
+SHRINK_EVERY_S = 1.0
 
 
 class SandboxPool:
     """A bounded pool of pre-started :class:`DockerSandbox` es for one config (one image).
 
     ``size`` is the most sandboxes alive at once; ``warm`` of them (default: all) are
-    started up front. ``workers`` threads start and reset sandboxes in the background.
+    started up front and kept idle or starting ahead of acquires; past ``warm`` idle ones,
+    one idle for ``idle_s`` seconds is removed (0: never). ``workers`` threads start and reset
+    sandboxes in the background.
 
     Example (``warm=0``: nothing is started until an acquire needs it):
         >>> pool = SandboxPool(SandboxConfig(), size=4, warm=0)
@@ -70,6 +77,7 @@ class SandboxPool:
         size: int = 4,
         *,
         warm: int | None = None,
+        idle_s: float = 0.0,
         workers: int | None = None,
         factory: Callable[[SandboxConfig, str], DockerSandbox] | None = None,
     ) -> None:
@@ -78,6 +86,8 @@ class SandboxPool:
         self.size = size
         self.warm = size if warm is None else warm
         require(0 <= self.warm <= size, "pool.warm", f"must be in [0, size={size}], got {warm}")
+        require(idle_s >= 0, "pool.idle_s", f"must be >= 0 (0 = keep), got {idle_s}")
+        self.idle_s = idle_s
         self.hosts = self.config.hosts()
         self._host_failures: collections.Counter[str] = collections.Counter()
         self._down_until: dict[str, float] = {}
@@ -96,6 +106,7 @@ class SandboxPool:
         self._last_error: str | None = None
         self.created = 0
         self.discarded = 0
+        self.shrunk = 0  # idle sandboxes above warm removed after idle_s
         self._workers = ThreadPoolExecutor(
             max_workers=workers or min(size, 8), thread_name_prefix="vime-pool"
         )
@@ -111,6 +122,8 @@ class SandboxPool:
         with self._cond:
             for _ in range(self.warm):
                 self._spawn_locked()
+        if self.idle_s > 0 and self.warm < size:
+            threading.Thread(target=self._shrink_loop, name="vime-pool-shrink", daemon=True).start()
 
     # -- background work -------------------------------------------------------------
 
@@ -202,6 +215,33 @@ class SandboxPool:
             if not self._closed:
                 self._spawn_locked()
 
+    def _top_up_locked(self) -> None:
+        """Ahead of demand: start sandboxes until ``warm`` are idle or coming (starts and
+        resets), while the pool has room."""
+        while len(self._idle) + self._pending < self.warm and self._live_locked() < self.size:
+            if not self._spawn_locked():
+                return
+
+    def _shrink_loop(self) -> None:
+        """(Its own thread.) Remove sandboxes idle for ``idle_s`` while more than ``warm``
+        are idle (the spares :meth:`_top_up_locked` keeps) and no acquire waits; the
+        longest idle go first."""
+        while not self._stop.wait(min(SHRINK_EVERY_S, self.idle_s)):
+            stale: list[DockerSandbox] = []
+            with self._cond:
+                now = time.monotonic()
+                while len(self._idle) > self.warm and not self._waiters:
+                    oldest = self._idle[0]  # released last-in at the right end
+                    if now - self._idle_since.get(oldest, now) < self.idle_s:
+                        break
+                    self._idle.popleft()
+                    self._idle_since.pop(oldest, None)
+                    self._per_host[oldest.host] -= 1
+                    self.shrunk += 1
+                    stale.append(oldest)
+            for sb in stale:
+                sb.close()
+
     def _put_idle_locked(self, sb: DockerSandbox) -> None:
         self._idle.append(sb)
         self._idle_since[sb] = time.monotonic()
@@ -250,6 +290,7 @@ class SandboxPool:
                 since = self._idle_since.pop(sb, time.monotonic())
                 if sb.alive:
                     self._leased.add(sb)
+                    self._top_up_locked()
                     return sb, time.monotonic() - since
                 self._pending += 1  # discarded below, outside the lock
                 self._workers.submit(self._discard_pending, sb)
@@ -404,6 +445,7 @@ class SandboxPool:
                 "pending": self._pending,
                 "created": self.created,
                 "discarded": self.discarded,
+                "shrunk": self.shrunk,
                 "per_host": dict(self._per_host),
                 "hosts_down": sorted(
                     h for h, t in self._down_until.items() if t > time.monotonic()
@@ -458,95 +500,3 @@ class SandboxPool:
         """How many sandboxes are leased right now."""
         with self._cond:
             return len(self._leased)
-
-
-class ImagePools:
-    """One warm :class:`SandboxPool` per image, made on first use (task images differ).
-
-    At most ``max_images`` pools stay warm; past that, the least recently used pool with
-    nothing leased is closed. ``warm``: sandboxes each pool starts up front (default:
-    all ``size_per_image``; fewer, and a pool grows on demand).
-
-    Example (the base image as the task image):
-        >>> from vime.sandbox.images import base_image_tag
-        >>> pools = ImagePools(SandboxConfig(), size_per_image=2, warm=0)
-        >>> sb = pools.acquire(base_image_tag(), timeout=60)
-        >>> sb.image == base_image_tag()
-        True
-        >>> pools.release(sb); pools.close()
-    """
-
-    def __init__(
-        self,
-        config: SandboxConfig | None = None,
-        size_per_image: int = 2,
-        max_images: int = 8,
-        warm: int | None = None,
-    ) -> None:
-        require(size_per_image >= 1, "pool.size_per_image", f"must be >= 1, got {size_per_image}")
-        require(max_images >= 1, "pool.max_images", f"must be >= 1, got {max_images}")
-        self.config = config or SandboxConfig()
-        self.size_per_image = size_per_image
-        self.max_images = max_images
-        self.warm = warm
-        self._pools: collections.OrderedDict[str, SandboxPool] = collections.OrderedDict()
-        self._lock = threading.Lock()
-        self._closed = False
-
-    def pool(self, image: str) -> SandboxPool:
-        """The pool of ``image`` (created and started if needed).
-
-        Example (``warm=0``: made, nothing started):
-            >>> pools = ImagePools(SandboxConfig(), size_per_image=2, warm=0)
-            >>> pools.pool("vime/base:any") is pools.pool("vime/base:any")
-            True
-            >>> pools.close()
-        """
-        import dataclasses
-
-        evicted: list[SandboxPool] = []
-        with self._lock:
-            if self._closed:
-                raise SandboxError("ImagePools: closed")
-            pool = self._pools.get(image)
-            if pool is None:
-                cfg = dataclasses.replace(self.config, image=image)
-                pool = self._pools[image] = SandboxPool(
-                    cfg, size=self.size_per_image, warm=self.warm
-                )
-            self._pools.move_to_end(image)
-            for name in list(self._pools):
-                if len(self._pools) <= self.max_images:
-                    break
-                if name != image and self._pools[name].in_use == 0:
-                    evicted.append(self._pools.pop(name))
-        for old in evicted:
-            old.close()
-        return pool
-
-    def acquire(self, image: str, timeout: float | None = None) -> DockerSandbox:
-        """A warm sandbox of ``image`` (the class example acquires one)."""
-        return self.pool(image).acquire(timeout)
-
-    def release(self, sb: DockerSandbox, reset: bool = True) -> None:
-        """Give ``sb`` back to its image's pool (closed if that pool is gone)."""
-        with self._lock:
-            pool = self._pools.get(sb.image)
-        if pool is None:
-            sb.close()
-        else:
-            pool.release(sb, reset=reset)
-
-    def close(self) -> None:
-        """Close every pool. Idempotent."""
-        with self._lock:
-            self._closed = True
-            pools, self._pools = list(self._pools.values()), collections.OrderedDict()
-        for pool in pools:
-            pool.close()
-
-    def __enter__(self) -> ImagePools:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
