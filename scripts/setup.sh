@@ -3,7 +3,8 @@
 # no GPU). Idempotent: a second run only checks.
 #
 #   bash scripts/setup.sh            # venv + packages + docker.io + dockerd + base image +
-#                                    # postgresql (installed, not started) + tiny model
+#                                    # docker-registry and postgresql (installed, not
+#                                    # started) + tiny model
 #   VIME_SKIP_DOCKER=1 bash scripts/setup.sh   # Python side only
 #   VIME_PREINSTALLED=1 bash scripts/setup.sh  # use .venv as it is (a machine without PyPI:
 #                                              # scripts/device/wheels.sh venv makes it)
@@ -69,6 +70,16 @@ if [ "${VIME_SKIP_DOCKER:-0}" != 1 ]; then
   export DOCKER_HOST
   say "dockerd answers at $DOCKER_HOST"
   "$venv/bin/vime-agent" sandbox build-base
+  # Debian's docker-registry: the project's own registry (scripts/registry.sh starts it),
+  # which SWE-bench instance images are pulled from with swe.image_source=registry.
+  # Installed here, started when a test or a user asks for it; a preinstalled machine has
+  # no package registry and goes without (images are built there).
+  if [ "${VIME_PREINSTALLED:-0}" != 1 ] && ! command -v docker-registry >/dev/null 2>&1; then
+    say "installing docker-registry (apt)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq docker-registry >/dev/null
+  fi
 fi
 
 # 3. PostgreSQL, the shared rollout store's server (rollout.store): installed here, started

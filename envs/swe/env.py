@@ -33,6 +33,7 @@ from vime.sandbox import SandboxConfig
 from vime.types import Action, Message
 
 from .grading import STATUSES, GradeResult, agent_diff, grade, setup_repo
+from .registry_images import check_image_source
 from .tasks import SWETask, load_bundled
 from .tools import SWE_TOOLS
 
@@ -88,6 +89,13 @@ class SWEConfig:
     wheels_dir: str = ""
     # SWE-bench image builds: let the install commands reach the network.
     build_network: bool = False
+    # SWE-bench records: where instance images come from. "build": built from repos_dir
+    # (else the records' own images, already on the Docker host); "registry": pulled
+    # from swe.registry under the harness's names, copied to every Docker host, never built.
+    image_source: str = "build"
+    # image_source=registry: HOST[:PORT][/NAMESPACE] (namespace "swebench" if omitted),
+    # e.g. the project's own, 127.0.0.1:55050 (bash scripts/registry.sh start).
+    registry: str = ""
     # User for tasks that bring their own image (SWE-bench images keep /testbed root-owned).
     image_user: str = "0:0"
     # Tools offered to the policy (of bash, str_replace, write_file, submit); fewer
@@ -121,12 +129,19 @@ class SWEConfig:
             "swe.install_specs",
             f"{self.install_specs} is not a file",
         )
+        check_image_source(self.image_source, self.registry)
+        require(
+            not self.registry or not (self.repos_dir or self.wheels_dir or self.build_network),
+            "swe.registry",
+            "swe.image_source=registry pulls the images ready; swe.repos_dir/wheels_dir/"
+            "build_network build them: drop one or the other",
+        )
         uses = self.repos_dir or self.install_specs or self.wheels_dir or self.build_network
         require(
-            not uses or bool(self.tasks_path),
+            not (uses or self.registry) or bool(self.tasks_path),
             "swe.tasks_path",
-            "repos_dir/install_specs/wheels_dir/build_network apply to SWE-bench records: "
-            "give their file as swe.tasks_path",
+            "repos_dir/install_specs/wheels_dir/build_network/registry apply to SWE-bench "
+            "records: give their file as swe.tasks_path",
         )
         known = [t.name for t in SWE_TOOLS]
         unknown = [t for t in self.tools if t not in known]
@@ -159,6 +174,7 @@ def cached_task_file(path: str, config: SWEConfig) -> list[dict[str, Any]]:
         c.repos_dir,
         c.wheels_dir,
         c.build_network,
+        c.registry,
         tuple(c.sandbox.hosts()),
     )
     if key not in _LOADED:
@@ -171,7 +187,7 @@ def load_task_file(path: str | Path, config: SWEConfig | None = None) -> list[di
 
     SWE-bench records (a ``.parquet`` file, or records with ``instance_id``) go through
     :func:`vime.suites.swe.swebench.load_swebench` with the ``config``'s ``repos_dir``,
-    ``install_specs``, ``wheels_dir`` and ``build_network``.
+    ``install_specs``, ``wheels_dir``, ``build_network``, ``image_source`` and ``registry``.
 
     Example (skipped in doctests: it needs a task file on disk):
         >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
@@ -190,11 +206,13 @@ def load_task_file(path: str | Path, config: SWEConfig | None = None) -> list[di
             wheels_dir=cfg.wheels_dir,
             build_network=cfg.build_network,
             hosts=cfg.sandbox.hosts(),
+            image_source=cfg.image_source,
+            registry=cfg.registry,
         )
-    if cfg.repos_dir or cfg.install_specs or cfg.wheels_dir:
+    if cfg.repos_dir or cfg.install_specs or cfg.wheels_dir or cfg.registry:
         raise DataError(
-            f"{path}: swe.repos_dir/install_specs/wheels_dir apply to SWE-bench records "
-            "(with 'instance_id'); these are vime task records"
+            f"{path}: swe.repos_dir/install_specs/wheels_dir/registry apply to SWE-bench "
+            "records (with 'instance_id'); these are vime task records"
         )
     records = []
     for line, record in rows:

@@ -277,6 +277,46 @@ def swebench_record(
     return task.to_record()
 
 
+def _check_image_keys(
+    path: str | Path,
+    repos_dir: str | Path,
+    wheels_dir: str | Path,
+    build_network: bool,
+    image_source: str,
+    registry: str,
+) -> bool:
+    """Refuse keys that do nothing together; whether the images are pulled."""
+    from .registry_images import check_image_source
+
+    check_image_source(image_source, registry)
+    pulled = image_source == "registry"
+    if pulled and (repos_dir or wheels_dir or build_network):
+        raise DataError(
+            f"{path}: swe.repos_dir/wheels_dir/build_network build the images; "
+            "swe.image_source=registry pulls them ready: drop one or the other"
+        )
+    if (wheels_dir or build_network) and not repos_dir:
+        raise DataError(
+            f"{path}: swe.wheels_dir/build_network apply to images vime builds: "
+            "give swe.repos_dir (the repository snapshots) too"
+        )
+    return pulled
+
+
+def _check_install(where: str, repos_dir: str | Path, pulled: bool) -> None:
+    """A record's install spec has commands: they need an image that vime builds."""
+    if pulled:
+        raise DataError(
+            f"{where}: its install spec has commands, which run only when vime builds "
+            "the image; swe.image_source=registry pulls it ready: drop 'install' there"
+        )
+    if not repos_dir:
+        raise DataError(
+            f"{where}: its install spec has commands but swe.repos_dir is empty: "
+            "give the folder of repository snapshots to build the image from"
+        )
+
+
 def load_swebench(
     path: str | Path,
     *,
@@ -285,6 +325,8 @@ def load_swebench(
     wheels_dir: str | Path = "",
     build_network: bool = False,
     hosts: list[str] | None = None,
+    image_source: str = "build",
+    registry: str = "",
     **kwargs: Any,
 ) -> list[dict[str, Any]]:
     """SWE-bench records from a ``.json``/``.jsonl``/``.parquet`` file as vime SWE tasks.
@@ -292,8 +334,11 @@ def load_swebench(
     With ``repos_dir``, every record gets an image built offline from its repository's
     snapshot there at ``base_commit`` plus its install commands (``install_specs``), built
     on the first of ``hosts`` and copied to the others; see
-    :func:`vime.suites.swe.instance_images.build_instance_images`. Every record is checked
-    before anything is built. Other keyword arguments go to :func:`swebench_record`.
+    :func:`vime.suites.swe.instance_images.build_instance_images`. With
+    ``image_source="registry"``, every record's image is pulled from ``registry`` under
+    the harness's name instead, and nothing is built
+    (:mod:`vime.suites.swe.registry_images`). Every record is checked before anything is
+    built or pulled. Other keyword arguments go to :func:`swebench_record`.
 
     Example:
         >>> rec = {"instance_id": "psf__requests-1", "repo": "psf/requests",
@@ -306,12 +351,9 @@ def load_swebench(
         [('psf__requests-1', 'parse_log_pytest_options')]
     """
     from .instance_images import build_instance_images, load_install_specs, plan_instance, spec_for
+    from .registry_images import pull_instance_images, registry_image
 
-    if (wheels_dir or build_network) and not repos_dir:
-        raise DataError(
-            f"{path}: swe.wheels_dir/build_network apply to images vime builds: "
-            "give swe.repos_dir (the repository snapshots) too"
-        )
+    pulled = _check_image_keys(path, repos_dir, wheels_dir, build_network, image_source, registry)
     specs = load_install_specs(install_specs)
     rows = read_swebench_file(path)
     plans = []
@@ -321,11 +363,8 @@ def load_swebench(
             where += f" {str(record.get('instance_id', '?'))[:60]!r}"
         record = _check_fields(record, where)
         spec = spec_for(specs, record.get("repo") or "", record.get("version") or "")
-        if spec.get("install") and not repos_dir:
-            raise DataError(
-                f"{where}: its install spec has commands but swe.repos_dir is empty: "
-                "give the folder of repository snapshots to build the image from"
-            )
+        if spec.get("install"):
+            _check_install(where, repos_dir, pulled)
         # Checked now, with the spec's test_cmd, so a bad record stops the load.
         swebench_record(record, spec=spec, where=where, **kwargs)
         plan = plan_instance(record, spec, repos_dir, where) if repos_dir else None
@@ -334,12 +373,15 @@ def load_swebench(
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise DataError(f"{path}: field 'instance_id' repeats: {dupes[:5]}")
+    pulls = {w: registry_image(r["instance_id"], registry) for r, _, w in plans if pulled}
+    if pulls:
+        pull_instance_images(pulls, registry, hosts)
     images = build_instance_images(
         [p for _, p, _ in plans if p], wheels_dir=wheels_dir, network=build_network, hosts=hosts
     )
     tasks = []
     for record, plan, where in plans:
-        image = images[plan.key] if plan else ""
+        image = images[plan.key] if plan else pulls.get(where, "")
         spec = spec_for(specs, record.get("repo") or "", record.get("version") or "")
         tasks.append(swebench_record(record, spec=spec, image=image, where=where, **kwargs))
     return tasks

@@ -137,6 +137,86 @@ def test_config_keys_are_checked(instances, tmp_path):
         SWEEnv(tasks_path=str(instances["forms"]["jsonl"]), repos_dir=str(tmp_path))
     with pytest.raises(DataError, match="test_cmd' is missing: parse_log_django"):
         load_swebench(instances["forms"]["jsonl"], repos_dir=instances["repos"])
+    # A registry acts only with image_source=registry, and the other way round.
+    jsonl = str(instances["forms"]["jsonl"])
+    with pytest.raises(ConfigError, match=r"swe.registry: .*swe.image_source='build'"):
+        SWEEnv(tasks_path=jsonl, registry="127.0.0.1:55050")
+    with pytest.raises(ConfigError, match=r"swe.image_source: 'registry' needs swe.registry"):
+        SWEEnv(tasks_path=jsonl, image_source="registry")
+    with pytest.raises(ConfigError, match=r"swe.image_source: 'pull' is not one of"):
+        SWEEnv(tasks_path=jsonl, image_source="pull")
+    with pytest.raises(ConfigError, match=r"swe.registry: 'http://h:1' is not HOST"):
+        SWEEnv(tasks_path=jsonl, image_source="registry", registry="http://h:1")
+    with pytest.raises(ConfigError, match=r"swe.registry: .*repos_dir"):
+        SWEEnv(registry="h:1", image_source="registry", repos_dir=str(instances["repos"]))
+    with pytest.raises(DataError, match=r"install spec has commands, which run only when"):
+        load_swebench(jsonl, install_specs=INSTALL_SPECS, image_source="registry", registry="h:1")
+
+
+@pytest.fixture(scope="module")
+def registry(docker_host) -> str:
+    """The project's own registry (scripts/registry.sh; idempotent): its HOST:PORT."""
+    import subprocess
+
+    script = Path(__file__).resolve().parents[3] / "scripts" / "registry.sh"
+    out = subprocess.run(["bash", str(script), "start"], check=True, capture_output=True, text=True)
+    return out.stdout.strip().splitlines()[-1]
+
+
+@pytest.mark.docker
+def test_images_from_a_registry_are_pulled_and_never_built(
+    instances, docker_host, registry, tmp_path, monkeypatch
+):
+    """Images built here, pushed under the harness's names; image_source=registry pulls
+    them (nothing built), and the gold patches grade resolved."""
+    import docker
+
+    import vime.sandbox
+    import vime.sandbox.images
+    from vime.suites.swe.registry_images import registry_image
+
+    client = docker.from_env()
+    namespace = f"{registry}/vime-test"
+    built = load_swebench(
+        instances["forms"]["jsonl"], repos_dir=instances["repos"], install_specs=instances["specs"]
+    )
+    refs = {t["id"]: registry_image(t["id"], namespace) for t in built}
+    assert refs["django__django-1"].endswith("/sweb.eval.x86_64.django_1776_django-1:latest")
+    for task in built:
+        client.images.get(task["image"]).tag(refs[task["id"]])
+        for line in client.images.push(refs[task["id"]], stream=True, decode=True):
+            assert "error" not in line, line
+        client.images.remove(refs[task["id"]])  # only the tag: the pull must bring it back
+
+    def no_build(*args, **kwargs):
+        raise AssertionError("image_source=registry built an image")
+
+    for module in (vime.sandbox, vime.sandbox.images):
+        monkeypatch.setattr(module, "build_base_image", no_build)
+        monkeypatch.setattr(module, "build_layered_image", no_build)
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps(INSTALL_SPECS_NO_BUILD))
+    tag = uuid.uuid4().hex[:12]
+    sandbox = SandboxConfig(
+        memory="512m", env={"HOME": "/tmp"}, labels={"vime.env": "swe", "vime.test": tag}
+    )
+    keys = {"image_source": "registry", "install_specs": str(specs), "sandbox": sandbox}
+    env = vime.make(
+        "vime/SWE-v0", tasks_path=str(instances["forms"]["jsonl"]), registry=namespace, **keys
+    )
+    assert {t["id"]: t["image"] for t in env.unwrapped._task_pool} == refs
+    for task in built:  # the pulled image is the one pushed
+        assert client.images.get(refs[task["id"]]).id == client.images.get(task["image"]).id
+        reward, info, _ = _episode(env, task["id"], _apply(task["gold_patch"]))
+        assert (reward, info["status"]) == (1.0, "resolved"), info
+    env.close()
+    # An image the registry does not hold: the load stops, naming the record and the key.
+    with pytest.raises(DataError, match=r"'pallets__flask-1': pulling its image .*swe.registry"):
+        SWEEnv(tasks_path=str(instances["forms"]["json_one"]), registry=f"{registry}/none", **keys)
+    close_pools()
+    for ref in refs.values():
+        client.images.remove(ref)
+    assert client.containers.list(all=True, filters={"label": f"vime.test={tag}"}) == []
 
 
 @pytest.mark.docker
