@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,15 +38,11 @@ from typing import Any
 
 import torch
 
-# A random Qwen2 of ~60M parameters: big enough that bytes, not HTTP calls, dominate.
-SMALL = dict(
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    vocab_size=32000,
-)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_step import SIZES
+
+# A random Qwen2 of ~60M parameters (untied): bytes, not HTTP calls, dominate a full sync.
+SMALL = SIZES["small"]
 # (dtype the trainer exports, learning rate): float32 is the CPU default; bf16 at RL's
 # usual rates is what a GPU run syncs.
 CASES = [("float32", 1e-5), ("bfloat16", 1e-6), ("bfloat16", 1e-5)]

@@ -40,16 +40,10 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from trainer_step import SIZES
 
 # A random Qwen2 of ~60M parameters (untied): bytes, not HTTP calls, dominate a full sync.
-SMALL = dict(
-    hidden_size=512,
-    intermediate_size=1536,
-    num_hidden_layers=8,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    vocab_size=32000,
-)
+SMALL = SIZES["small"]
 
 
 def ratio(adapter: dict[str, float], full: dict[str, float], unit: str) -> float:

@@ -58,7 +58,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-# Qwen2.5-1.5B's shapes with an untied output layer (1.78B parameters), and a tiny one for CPUs.
+# Qwen2.5-1.5B's shapes with an untied output layer (1.78B parameters), and smaller ones for CPUs.
 SIZES: dict[str, dict[str, Any]] = {
     "1.5b": dict(
         hidden_size=1536,
@@ -67,6 +67,16 @@ SIZES: dict[str, dict[str, Any]] = {
         num_attention_heads=12,
         num_key_value_heads=2,
         vocab_size=151936,
+    ),
+    # ~60M parameters: big enough that bytes, not HTTP calls, dominate a weight sync
+    # (bench/delta_sync.py, bench/lora_sync.py).
+    "small": dict(
+        hidden_size=512,
+        intermediate_size=1536,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        vocab_size=32000,
     ),
     "tiny": dict(
         hidden_size=64,
