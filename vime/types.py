@@ -229,6 +229,9 @@ class Episode:
     # The sampler of every sampled token (SamplingParams.sampler()): the trainer replays
     # its truncation. None (records written before it existed): the whole vocabulary.
     sampler: dict[str, float] | None = None
+    # Routing replay (MoE): per token, the experts the engine routed it to ([layer][k]),
+    # from the last request that computed it; [] where none did. None: not recorded.
+    routed_experts: list[list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
         self.status = EpisodeStatus(self.status)
@@ -240,6 +243,8 @@ class Episode:
             "rollout_logprobs": len(self.rollout_logprobs),
             "weight_versions": len(self.weight_versions),
         }
+        if self.routed_experts is not None:
+            lengths["routed_experts"] = len(self.routed_experts)
         bad = {k: v for k, v in lengths.items() if v != n}
         if bad:
             raise ValueError(
@@ -313,6 +318,9 @@ class Sample:
     # How the engine sampled the tokens (SamplingParams.sampler()); None = unknown, scored
     # over the whole vocabulary.
     sampler: dict[str, float] | None = None
+    # Routing replay (MoE): per token, the experts the engine routed it to, [layer][k] ids
+    # over the MoE layers; [] where not recorded (the last token). None: not recorded.
+    routed_experts: list[list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.tokens)
@@ -324,6 +332,8 @@ class Sample:
         per_token = {"token_advantages": self.token_advantages, "values": self.values}
         per_token["returns"] = self.returns
         bad = {k: len(v) for k, v in per_token.items() if v is not None and len(v) != n}
+        if self.routed_experts is not None and len(self.routed_experts) != n:
+            bad["routed_experts"] = len(self.routed_experts)
         if bad:
             raise ValueError(f"Sample: len(tokens)={n} but lengths {bad}")
         if n < 2:
@@ -354,4 +364,5 @@ class Sample:
             group_id=ep.group_id,
             metadata={"task_id": ep.task_id, "env_id": ep.env_id, "status": ep.status.value},
             sampler=ep.sampler,
+            routed_experts=None if ep.routed_experts is None else ep.routed_experts[a:b],
         )

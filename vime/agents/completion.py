@@ -51,6 +51,9 @@ class Completion:
     token_versions: list[int] = field(default_factory=list)
     # How it was sampled (SamplingParams.sampler()), set by PolicyClient.generate.
     sampler: dict[str, float] | None = None
+    # Routing replay: the experts each input token of the request (prompt, then sampled
+    # tokens but the last) was routed to, [position][layer][k] (take_routing).
+    routed_experts: list[list[list[int]]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -80,7 +83,28 @@ def merge(parts: list[Completion]) -> Completion:
         latency_s=sum(p.latency_s for p in parts),
         attempts=sum(p.attempts for p in parts),
         token_versions=[v for p in parts for v in p.versions],
+        # The last part's request held the earlier parts' tokens: its rows cover them all.
+        routed_experts=last.routed_experts,
     )
+
+
+async def take_routing(url: str, data: dict[str, Any], outs: list[Completion]) -> None:
+    """Set each choice's ``routed_experts`` from the engine that sampled it (its worker
+    extension's ``vime_routed_experts``, :mod:`vime.engine.routed_experts`); EngineError
+    when the engine recorded none (it was not launched for routing replay)."""
+    from vime.engine.client import EngineClient
+    from vime.engine.routed_experts import decode
+
+    rpc = EngineClient(url).collective_rpc
+    found = await asyncio.to_thread(rpc, "vime_routed_experts", {"completion_id": data["id"]})
+    taken = (found or [{}])[0] or {}
+    for index, out in enumerate(outs):
+        if str(index) not in taken:
+            raise EngineError(
+                f"{url}: recorded no routing for {data['id']} choice {index}: trainer."
+                "routing_replay needs engines vime launches for it (vime.engine.routed_experts.launch)"
+            )
+        out.routed_experts = decode(taken[str(index)]).tolist()
 
 
 async def sync_landed(

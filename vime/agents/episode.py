@@ -213,6 +213,8 @@ class EpisodeRun:
         self.chat: ChatTokens | None = None
         self.reward = 0.0
         self.server = ""
+        # Routing replay: token index -> the experts the last request computing it chose.
+        self.routing: dict[int, list[list[int]]] = {}
 
     # ------------------------------------------------------------------ the three calls
 
@@ -309,6 +311,9 @@ class EpisodeRun:
             raise Ending(EpisodeStatus.TRUNCATED, "max_model_len")
         max_tokens = min(settings.sampling.max_tokens, room)
         out = await self._generate(chat, turn_index, max_tokens)
+        start = len(chat.tokens) - len(chat.request)  # the request's first token
+        for p, row in enumerate(out.routed_experts or []):
+            self.routing[start + p] = row
         t0 = time.perf_counter()
         text = chat.add_sampled(out.token_ids, out.logprobs, out.versions)
         action = self.context.parser(text)
@@ -444,6 +449,8 @@ class EpisodeRun:
         if self.leftover:
             metadata["final_messages"] = self.leftover
         metrics["turns"] = float(len(self.turns))
+        fields = chat_fields(self.chat, metrics, metadata)
+        routed = [self.routing.get(i, []) for i in range(len(fields["tokens"]))]
         return Episode(
             task_id=self.task_id,
             env_id=self.env_id,
@@ -458,7 +465,8 @@ class EpisodeRun:
             metadata=metadata,
             uid=self.uid,
             sampler=self.context.settings.sampling.sampler(),
-            **chat_fields(self.chat, metrics, metadata),
+            routed_experts=routed if self.routing else None,
+            **fields,
         )
 
 

@@ -81,6 +81,7 @@ from vime.agents.completion import (
     merge,
     parse_completion,
     sync_landed,
+    take_routing,
 )
 from vime.agents.liveness import EngineHungError, Heartbeat
 from vime.agents.request_batcher import RequestBatcher
@@ -134,6 +135,9 @@ class PolicyClientConfig:
     # A request aborted by a weight sync (pause mode abort) waits this long for its
     # engine's new version, then is continued from where it stopped (0: the abort ends it).
     continue_aborted_s: float = 120.0
+    # Routing replay (trainer.routing_replay): take each completion's MoE routing from its
+    # engine (vime.engine.routed_experts) into Completion.routed_experts.
+    routed_experts: bool = False
 
     def __post_init__(self) -> None:
         require(bool(self.urls), "policy.urls", "give at least one vLLM server URL")
@@ -474,7 +478,10 @@ class PolicyClient:
         finally:
             self._router.remove_inflight(url, cost)
         latency = time.perf_counter() - start
-        return [parse_completion(data, url, version, latency, tries[0], c) for c in range(n)]
+        outs = [parse_completion(data, url, version, latency, tries[0], c) for c in range(n)]
+        if self.config.routed_experts:
+            await take_routing(url, data, outs)
+        return outs
 
     def _mark_down(self, url: str) -> None:
         if self._router.mark_down(url):  # warn once per outage, not per failed request

@@ -269,6 +269,13 @@ RULES: tuple[Needs, ...] = (
         "leave trainer.sampler_replay unset, or sample with top_p, top_k or min_p",
     ),
     Needs(
+        ("trainer.routing_replay",),
+        "rollout.store",
+        lambda c: not c.rollout.store,
+        "(its rollout workers sample without taking the engines' routing)",
+        "leave trainer.routing_replay unset with rollout.store",
+    ),
+    Needs(
         ("rollout.collector.sampling.seed",),
         "rollout.collector.seed",
         lambda c: c.rollout.collector.seed is None,

@@ -33,11 +33,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from vime.engine.routed_experts import RoutedExpertsWorker
+
 QUALNAME = "vime.engine.delta_worker.DeltaWorker"
 
 
-class DeltaWorker:
-    """Mixed into vLLM's worker class (see the module docstring)."""
+class DeltaWorker(RoutedExpertsWorker):
+    """Mixed into vLLM's worker class (see the module docstring); routing replay's
+    ``vime_routed_experts`` comes with it (:mod:`vime.engine.routed_experts`)."""
 
     _vime_copy: dict[str, Any] | None = None  # the HF tensors last loaded, in host memory
     _vime_version: int | None = None

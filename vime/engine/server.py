@@ -45,7 +45,14 @@ from typing import Any
 
 import httpx
 
-from vime.engine import cpu_moe_reload, cpu_seed_rewind, delta_worker, vllm_auth, vllm_plugin
+from vime.engine import (
+    cpu_moe_reload,
+    cpu_seed_rewind,
+    delta_worker,
+    routed_experts,
+    vllm_auth,
+    vllm_plugin,
+)
 from vime.engine.config import EngineConfig
 from vime.errors import EngineError, EngineStartupError
 from vime.net import engine_headers, free_port, remember_engine_key
@@ -375,6 +382,7 @@ class VLLMServer:
         env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
         env.pop(cpu_seed_rewind.ENV, None)
         env.pop(cpu_moe_reload.ENV, None)
+        env.pop(routed_experts.ENV, None)  # on only through routed_experts.launch (c.env)
         if self._device() == "cpu":
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
             # Both read by vime.engine.vllm_plugin inside vLLM's processes.

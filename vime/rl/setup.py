@@ -23,7 +23,7 @@ from omegaconf import OmegaConf
 from vime.agents.agent_command import AgentCommand
 from vime.agents.policy_client import PolicyClient
 from vime.conf.train import TrainConfig
-from vime.engine import EngineClient, is_vllm_cpu
+from vime.engine import EngineClient, is_vllm_cpu, routed_experts
 from vime.engine.fleet import EngineFleet
 from vime.engine.lora import adapter_name, lora_launch
 from vime.envs import TaskSource, preflight_env
@@ -145,9 +145,12 @@ def start_trainer_and_engines(
     if not overlap:
         build_trainer()
     rank = cfg.trainer.lora.rank  # LoRA: the engines serve the base with adapters on
+    engine = lora_launch(cfg.engine, rank) if rank else cfg.engine
+    if cfg.trainer.routing_replay:  # the engines record each token's experts
+        engine = routed_experts.launch(engine)
     fleet = stack.enter_context(
         ranks.engine_fleet(
-            lora_launch(cfg.engine, rank) if rank else cfg.engine,
+            engine,
             model_dir,
             external=external,
             log_dir=run.logs,
@@ -242,7 +245,7 @@ def engine_clients(
     serve the policy's current weights: they are pushed here, before the first rollout.
     """
     engines = [EngineClient(url) for url in fleet.urls]
-    policy = PolicyClient.from_urls(*fleet.urls)
+    policy = PolicyClient.from_urls(*fleet.urls, routed_experts=cfg.trainer.routing_replay)
     sync: WeightSync
     if cfg.trainer.lora.rank:  # only the adapter travels; requests name its version
         base = engines[0].served_models()[0]

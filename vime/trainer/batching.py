@@ -37,6 +37,7 @@ from typing import Any
 import torch
 
 from vime.trainer.prefix_tree import PrefixTree, distinct_targets
+from vime.trainer.routing_replay import routing_block
 from vime.trainer.sampler_replay import Truncation, truncates
 from vime.types import Sample
 
@@ -162,6 +163,9 @@ class MicroBatch:
     # and the distinct targets: the real targets' positions that are scored ([D]), and
     # which of those each real target is ([N]).
     rope_positions: torch.Tensor | None = None
+    # Routing replay: the experts the engine routed each input token to, [B, S, layers, k]
+    # like input_ids ([1, T, ...] packed), -1 where unknown (vime.trainer.routing_replay).
+    routing: torch.Tensor | None = None
     target_first: torch.Tensor | None = None
     target_inverse: torch.Tensor | None = None
 
@@ -261,6 +265,7 @@ def collate(
     pad_to: int = 1,
     replay_samplers: bool = False,
     tree: bool = False,
+    replay_routing: bool = False,
 ) -> MicroBatch:
     """Build the :class:`MicroBatch` of ``samples[i] for i in indices``.
 
@@ -276,6 +281,7 @@ def collate(
     more sequence of its own. The target-aligned tensors never include the filler.
     ``replay_samplers``: ``truncation`` holds the rows' ``Sample.sampler`` where one truncates.
     ``tree=True``: the rows' shared prefixes are one (see the module docstring).
+    ``replay_routing``: ``routing`` holds the rows' ``Sample.routed_experts``.
 
     Example:
         >>> s = Sample(tokens=[1, 2, 3], loss_mask=[0, 1, 1], rollout_logprobs=[0, -1, -1])
@@ -305,9 +311,13 @@ def collate(
     )
     layout = _layout(rows, ids, pad_id, options)
     old = [list(old_logprobs[i]) for i in indices] if old_logprobs is not None else None
+    routing = None
+    if replay_routing and not tree:
+        routing = routing_block(rows, layout["input_ids"].shape[1], packed=packed)
     return MicroBatch(
         indices=list(indices),
         **layout,
+        routing=routing,
         targets=ids[:, 1:width].contiguous(),
         valid=valid,
         **_target_fields(rows, width, old, replay_samplers),

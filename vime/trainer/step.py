@@ -37,6 +37,7 @@ import torch.distributed as dist
 from vime.errors import TrainerError
 from vime.observability.trace import TRACE
 from vime.trainer import checkpoint as ckpt
+from vime.trainer import routing_replay
 from vime.trainer.batching import (
     MicroBatch,
     balance_by_tokens,
@@ -50,7 +51,12 @@ from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_l
 from vime.trainer.lora import add_lora
 from vime.trainer.lora_export import export_peft
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
-from vime.trainer.micro_batches import check_shared_prefix, micro_batches, model_tokens
+from vime.trainer.micro_batches import (
+    check_routing_replay,
+    check_shared_prefix,
+    micro_batches,
+    model_tokens,
+)
 from vime.trainer.model import build_gpt_model
 from vime.trainer.parallel import ParallelInfo, init_distributed
 from vime.types import Sample
@@ -118,6 +124,8 @@ class Trainer:
         self.device = torch.device("cuda" if cuda_available() else "cpu")
         self.spec = model.hf_spec
         check_shared_prefix(self.config, {"tp": tp, "pp": pp, "ep": ep}, self.spec)
+        check_routing_replay(self.config, {"tp": tp, "pp": pp, "ep": ep}, self.spec)
+        self._routers = routing_replay.install(model) if self.config.routing_replay else []
         self.mcore_config = model.config
         self.mcore_config.finalize_model_grads_func = _finalize_grads
         self.mcore_config.variable_seq_lengths = True  # micro-batches differ in shape
@@ -264,6 +272,8 @@ class Trainer:
         def forward_step(data_iterator: Any, model: Any):
             mb = next(data_iterator)
             self.module.rope_positions = mb.rope_positions  # a tree's depths, else None
+            if self._routers:  # the engine's experts for the tokens it recorded
+                routing_replay.set_targets(self._routers, mb.routing)
             hidden = model(
                 mb.input_ids,
                 mb.position_ids,
