@@ -87,13 +87,6 @@ def test_bad_demonstrations_are_errors(tok):
         demonstration({"id": "tools-mul-00", "question": "?", "answer": "1"})
 
 
-def test_swe_on_the_tiny_model_warns_at_start_up(tmp_path, caplog):
-    cfg = load_config(["env=swe", "model.warm_start_steps=0", f"run_root={tmp_path}"])
-    with caplog.at_level(logging.WARNING, logger="vime.train"):
-        prepare_model(cfg, RunDir.create(tmp_path, "swe"))
-    assert any("env=swe needs a real model" in r.getMessage() for r in caplog.records)
-
-
 # RL on this task does not reliably rise within 30 steps of the tiny recipe (lr 3e-4, 16
 # tasks x 8): from one warm start (chance 0.256, greedy eval 0.344), three runs ended at
 # greedy 0.469, 0.906 and 0.266, with sampled rewards flat, rising 0.25 -> 0.60, and

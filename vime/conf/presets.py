@@ -15,6 +15,9 @@ Example:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
 
 from vime.errors import ConfigError
 from vime.trainer.config import TrainerConfig
@@ -58,6 +61,23 @@ def group_options(config_dir: str | Path | None = None) -> dict[str, list[str]]:
         for path in folder.glob("*/*.yaml"):
             found.setdefault(path.parent.name, set()).add(path.stem)
     return {group: sorted(names) for group, names in sorted(found.items())}
+
+
+def for_tiny(tiny: Any, own: Any, *, _root_: Any) -> Any:
+    """``${vime.tiny:A,B}`` in a preset: ``A`` on vime's tiny model, ``B`` once ``model.path``
+    names the user's. ``env=swe`` trains the tiny model on a family sized for it and a real
+    model on the bundled tasks.
+
+    Example:
+        >>> cfg = OmegaConf.create({"model": {"path": ""}, "tasks": "${vime.tiny:small,bundled}"})
+        >>> cfg.tasks, OmegaConf.merge(cfg, {"model": {"path": "my-model"}}).tasks
+        ('small', 'bundled')
+    """
+    return own if OmegaConf.select(_root_, "model.path") else tiny
+
+
+if not OmegaConf.has_resolver("vime.tiny"):
+    OmegaConf.register_new_resolver("vime.tiny", for_tiny)
 
 
 # The tiny model's policy defaults (used when model=tiny): the measured recipe from

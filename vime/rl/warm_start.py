@@ -46,6 +46,8 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +63,7 @@ from vime.envs.tasks import Task
 from vime.errors import DataError, TrainerError
 from vime.rl.console import quiet_library_warnings
 from vime.rl.tasks import builtin_tasks
+from vime.sandbox.leases import close_pools
 from vime.trainer.config import TrainerConfig
 from vime.trainer.losses import LossConfig
 from vime.trainer.step import Trainer
@@ -81,26 +84,7 @@ REPORT = "vime_warm_start.json"  # written beside the weights: how the warm star
 # Demonstrations are written in the Hermes tool-call format (the tiny model's template);
 # a plain-text turn parses to plain text in every format.
 DEMONSTRATION_PARSER = "hermes"
-
-
-# Envs whose tasks the tiny model cannot learn at all, with what to do instead.
-NEEDS_REAL_MODEL = {
-    "vime/SWE-v0": (
-        "env=swe needs a real model: the tiny local model (0.7M parameters) never writes a "
-        "working patch, so every reward is 0 and every group is filtered out. Set "
-        "model.path to an instruction-tuned coder model's HF folder (a 7B-class model on a GPU)."
-    ),
-}
-
-
-def tiny_model_warning(env_id: str) -> str:
-    """Why training ``env_id`` from the tiny model cannot work ("" when it can).
-
-    Example:
-        >>> tiny_model_warning("vime/SWE-v0")[:26], tiny_model_warning("vime/Tools-v0")
-        ('env=swe needs a real model', '')
-    """
-    return NEEDS_REAL_MODEL.get(env_id, "")
+PLAYERS = 8  # threads playing the demonstrations (play_demonstrations)
 
 
 def cache_key(
@@ -329,25 +313,10 @@ def _run(spec: dict[str, Any]) -> None:
     quiet_library_warnings()
     model = ModelConfig(**spec["model"])
     demonstration = _load_function(spec["demonstrations"])
-    tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
     tasks = builtin_tasks(
         spec["tasks"], spec["tasks_args"], spec["tasks_path"], seed=model.warm_start_seed + 7919
     )
-    env = envs.make(spec["env_id"], **spec["env_kwargs"])
-    try:
-        samples = [
-            demonstration_sample(
-                env,
-                tokenizer,
-                spec["env_id"],
-                task,
-                demonstration(task),
-                spec["template_kwargs"],
-            )
-            for task in tasks
-        ]
-    finally:
-        env.close()
+    samples = play_demonstrations(spec, tasks, demonstration)
     trainer = Trainer(
         spec["model_dir"],
         TrainerConfig(
@@ -378,6 +347,39 @@ def _run(spec: dict[str, Any]) -> None:
     report = _train(trainer, samples, held_out, model)
     trainer.export_hf(spec["out"])
     (Path(spec["out"]) / REPORT).write_text(json.dumps(report, indent=1) + "\n")
+
+
+def play_demonstrations(
+    spec: dict[str, Any], tasks: list[Task], demonstration: Any
+) -> list[Sample]:
+    """Each task's demonstration played in its own episode, in task order, on
+    ``PLAYERS`` threads with an env and a tokenizer each: a sandboxed env's demonstration
+    waits on Docker for about a second (the SWE family's four turns and grading), which
+    one thread would pay 512 times over."""
+    local = threading.local()
+    made: list[Any] = []
+
+    def play(task: Task) -> Sample:
+        if not hasattr(local, "env"):
+            local.env = envs.make(spec["env_id"], **spec["env_kwargs"])
+            local.tokenizer = AutoTokenizer.from_pretrained(spec["model_dir"])
+            made.append(local.env)
+        return demonstration_sample(
+            local.env,
+            local.tokenizer,
+            spec["env_id"],
+            task,
+            demonstration(task),
+            spec["template_kwargs"],
+        )
+
+    try:
+        with ThreadPoolExecutor(PLAYERS) as pool:
+            return list(pool.map(play, tasks))
+    finally:
+        for env in made:
+            env.close()
+        close_pools()  # the warm sandboxes would idle through the SFT steps
 
 
 def _train(
