@@ -126,9 +126,12 @@ def saved_run_config(run_dir: Path) -> Any:
     """A run's ``config.yaml`` over today's defaults (keys vime dropped since are skipped),
     as an OmegaConf node typed by :class:`TrainConfig`.
 
-    Example (skipped as a doctest: it needs a run folder):
-        >>> saved_run_config(Path("runs/20261130-061500-math")).env.id  # doctest: +SKIP
-        'vime/Math-v0'
+    Example (a run folder holding only its config):
+        >>> import tempfile
+        >>> run = Path(tempfile.mkdtemp())
+        >>> OmegaConf.save(OmegaConf.structured(load_config(["env=tools"])), run / "config.yaml")
+        >>> saved_run_config(run).env.id
+        'vime/Tools-v0'
     """
     saved = OmegaConf.load(run_dir / "config.yaml")
     if not isinstance(saved, DictConfig):

@@ -83,9 +83,13 @@ def source_eval_tasks(spec: str, *, seed: int, size: int) -> list[Task]:
     Raises:
         ConfigError: the function takes no ``split``: it has no held-out tasks to give.
 
-    Example (skipped as a doctest: it needs a function with an eval split):
-        >>> len(source_eval_tasks("my_tasks.py:tasks", seed=0, size=8))  # doctest: +SKIP
-        8
+    Example (a function of one's own, in a file):
+        >>> import pathlib, tempfile
+        >>> path = pathlib.Path(tempfile.mkdtemp(), "my_tasks.py")
+        >>> _ = path.write_text("def tasks(seed, split='train'):\\n"
+        ...                     "    return ({'id': f'{split}{i}'} for i in range(seed, 100))\\n")
+        >>> [t["id"] for t in source_eval_tasks(f"{path}:tasks", seed=3, size=2)]
+        ['eval3', 'eval4']
     """
     fn, takes_split = load_source(spec)
     if not takes_split:
@@ -143,8 +147,11 @@ class FunctionTaskSource(TaskSource):
     ) -> FunctionTaskSource:
         """Build from ``cfg.source`` called with ``cfg.seed`` (``default`` is not used).
 
-        Example (skipped as a doctest: it needs a source function):
-            >>> FunctionTaskSource.from_config(TaskSourceConfig(source="t.py:tasks"))  # doctest: +SKIP
+        Example:
+            >>> cfg = TaskSourceConfig(source="vime.suites.math.data:arithmetic_suite", seed=1)
+            >>> src = FunctionTaskSource.from_config(cfg)
+            >>> src.next()["id"] == FunctionTaskSource.from_config(cfg).next()["id"]
+            True
         """
         fn, takes_split = load_source(cfg.source)
         bound = functools.partial(fn, seed=cfg.seed, **({"split": "train"} if takes_split else {}))
