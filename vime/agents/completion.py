@@ -95,8 +95,11 @@ async def take_routing(url: str, data: dict[str, Any], outs: list[Completion]) -
     from vime.engine.client import EngineClient
     from vime.engine.routed_experts import decode
 
-    rpc = EngineClient(url).collective_rpc
-    found = await asyncio.to_thread(rpc, "vime_routed_experts", {"completion_id": data["id"]})
+    def take() -> Any:
+        with EngineClient(url) as engine:  # closed at once: one call per completion
+            return engine.collective_rpc("vime_routed_experts", {"completion_id": data["id"]})
+
+    found = await asyncio.to_thread(take)
     taken = (found or [{}])[0] or {}
     for index, out in enumerate(outs):
         if str(index) not in taken:
