@@ -8,7 +8,8 @@ import json
 import pytest
 
 from vime.errors import ConfigError
-from vime.eval.evaluate import check_envs, main, resolve_checkpoint
+from vime.eval.checkpoint import resolve_checkpoint
+from vime.eval.evaluate import check_envs, main
 from vime.eval.suites import BUNDLED_SUITES, load_suite, parse_suite
 from vime.suites.math.data import arithmetic_suite
 from vime.suites.swe.tasks import SWETask, load_bundled

@@ -47,7 +47,7 @@ def main(out: Path, model_dir: str, peer: str) -> None:
     os.environ["MASTER_ADDR"] = peer
     # Node 0 of a world of two nodes, one rank each (no process group: nothing to gather).
     ranks = Ranks(Cluster(world_size=2, local_world_size=1), Layout(1, 1, 2, 1, ((),)), None)
-    config = EngineConfig(max_model_len=256, startup_timeout_s=300)
+    config = EngineConfig(max_model_len=1024, startup_timeout_s=300)  # an agent prompt fits
     with ranks.engine_fleet(config, model_dir, log_dir=out.parent) as fleet:
         url = fleet.urls[0]
         port = int(urlparse(url).port or 0)

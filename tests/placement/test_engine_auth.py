@@ -81,6 +81,7 @@ def test_only_the_run_reaches_its_engine_and_endpoint(nodes, tiny_model_dir, tmp
         called = nodes.run(1, [sys.executable, "-c", CALLS, str(facts_path)], timeout=240)
         assert called.returncode == 0, called.stderr
         answers = json.loads(called.stdout)
+        clients = _vime_clients_on_node1(nodes, facts, tmp_path)
     finally:
         node0.send_signal(signal.SIGINT)  # the fleet stops its engine on the way out
         try:
@@ -109,3 +110,36 @@ def test_only_the_run_reaches_its_engine_and_endpoint(nodes, tiny_model_dir, tmp
         error = answers[name][1]["error"]
         assert set(error) == {"message", "type", "param", "code"}, name
         assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_api_key")
+    # vime's own clients from node 1: eval and own-agent name the key they lack, then
+    # play their episodes with it.
+    refused, evaluated, refused_agent, played = clients
+    assert refused.returncode != 0 and "engine.api_key" in refused.stderr, refused.stderr[-2000:]
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    report = json.loads((tmp_path / "eval" / "report.json").read_text())
+    rows = report["rows"]
+    assert [(r["n"], r["completed"] + r["truncated"]) for r in rows] == [(4, 4)], rows
+    assert refused_agent.returncode != 0 and "policy_key" in refused_agent.stderr, (
+        refused_agent.stdout + refused_agent.stderr[-2000:]
+    )
+    assert played.returncode == 0, (played.stdout, played.stderr[-3000:])
+    status, sampled = played.stdout.split()[1], int(played.stdout.split("sampled_tokens=")[1])
+    assert status in ("completed", "truncated") and sampled > 0, played.stdout
+
+
+def _vime_clients_on_node1(nodes: Any, facts: dict[str, Any], tmp_path: Path) -> list[Any]:
+    """From node 1: ``vime-agent eval ckpt=URL`` (one task of the math suite, 4 samples)
+    without the key and with ``engine.api_key``, and ``vime-agent own-agent policy=URL``
+    (one task, examples/own_agent.py) without and with ``policy_key``."""
+    vime = [sys.executable, "-m", "vime.cli"]
+    evaluate = [*vime, "eval", f"ckpt={facts['engine']}", "suite=math", "limit=1"]
+    out = f"out={tmp_path / 'eval'}"
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps({"id": "t1", "question": "What is 2+3?", "answer": "5"}) + "\n")
+    agent = [*vime, "own-agent", f"policy={facts['engine']}", f"tasks={tasks}"]
+    agent_command = ["--", sys.executable, "examples/own_agent.py"]
+    return [
+        nodes.run(1, [*evaluate, out], timeout=240),
+        nodes.run(1, [*evaluate, out, f"engine.api_key={facts['key']}"], timeout=240),
+        nodes.run(1, [*agent, *agent_command], timeout=240),
+        nodes.run(1, [*agent, f"policy_key={facts['key']}", *agent_command], timeout=240),
+    ]

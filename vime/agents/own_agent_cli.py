@@ -16,12 +16,16 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
 from vime.agents.endpoint import AgentEndpoint, EndpointConfig
 from vime.agents.policy_client import PolicyClient
 from vime.config import apply_overrides, field_names, require
+from vime.errors import ConfigError
+from vime.net import engine_headers, remember_engine_key
 from vime.types import Episode
 
 USAGE = """usage: vime-agent own-agent policy=URL tasks=FILE [key=value ...] -- COMMAND [ARG ...]
@@ -41,6 +45,7 @@ class OwnAgentRun:
     """
 
     policy: str = ""  # the vLLM server's URL
+    policy_key: str = ""  # the API key that server requires (its --api-key); "": none
     model: str = "tiny"  # the tokenizer's folder; "tiny": the tiny local model
     env: str = "vime/Math-v0"  # the registered env whose grader scores each episode
     tasks: str = ""  # task records (.jsonl/.json/.parquet), each with an "id"
@@ -65,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
     from vime.envs.tasks import load_tasks
 
     tasks = load_tasks(cfg.tasks, limit=cfg.limit or None)
+    if cfg.policy_key:  # every request to that URL (completions, tokenizer checks) sends it
+        remember_engine_key([cfg.policy], cfg.policy_key)
+    _check_key(cfg)
     episodes = asyncio.run(_play(cfg, command, tasks))
     if cfg.out:
         with open(cfg.out, "w") as f:
@@ -91,6 +99,25 @@ async def _play(cfg: OwnAgentRun, command: list[str], tasks: list[dict[str, Any]
             return list(await asyncio.gather(*(one(endpoint, t) for t in tasks)))
     finally:
         await client.aclose()
+
+
+def _check_key(cfg: OwnAgentRun) -> None:
+    """Refuse at start a server that turns our key (or its absence) away: every episode
+    would otherwise end aborted, one by one."""
+    url = f"{cfg.policy.rstrip('/')}/v1/models"
+    try:
+        request = urllib.request.Request(url, headers=engine_headers(cfg.policy))
+        urllib.request.urlopen(request, timeout=30).close()
+    except urllib.error.HTTPError as err:
+        if err.code == 401:
+            given = "a key it refuses" if cfg.policy_key else "no key"
+            raise ConfigError(
+                f"policy: {cfg.policy} requires an API key and was given {given}; give "
+                "policy_key=KEY (the key the server was started with)",
+                key="policy_key",
+            ) from err
+    except OSError:
+        pass  # not answering yet: the episodes wait for it as they do for any engine
 
 
 def _summary(ep: Episode) -> str:

@@ -9,7 +9,8 @@ your YAML file) and writes ``report.json`` (per-task rows and aggregates), ``rep
 - a run folder: its newest weights, or ``step=N`` (exported from the step's trainer
   checkpoint when the run no longer keeps that export), or
 - an engine URL ``http://host:port`` (attached, never stopped; the tokenizer is the
-  server's model folder, or ``tokenizer=DIR``).
+  server's model folder, or ``tokenizer=DIR``; ``engine.api_key=KEY`` when it requires
+  a key).
 
 ``adapter=DIR`` evaluates a LoRA adapter (a PEFT folder: a LoRA run's ``weights/vNNNNNN``)
 on the base ``ckpt`` (an HF folder the engine is launched on with LoRA, or the URL of an
@@ -52,7 +53,6 @@ import logging
 import re
 import sys
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ from vime.engine.lora import adapter_rank, lora_launch, serve_adapter
 from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
 from vime.errors import ConfigError
+from vime.eval.checkpoint import Checkpoint, resolve_checkpoint
 from vime.eval.report import (
     build_report,
     compare_markdown,
@@ -82,8 +83,6 @@ from vime.eval.report import (
 from vime.eval.suites import BUNDLED_SUITES, EvalSet, Suite, load_suite
 from vime.observability.config import TraceConfig
 from vime.observability.lock_watch import LOCK_WATCH_S, LockWatch
-from vime.runs.export import run_checkpoints
-from vime.runs.folder import is_run_folder
 from vime.types import Episode
 
 log = logging.getLogger("vime.eval")
@@ -240,119 +239,6 @@ def now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S%z")
 
 
-# ---------------------------------------------------------------- what to evaluate
-
-
-@dataclass
-class Checkpoint:
-    """What ``ckpt=`` named: HF ``weights`` to launch an engine on, or an engine ``url``;
-    the ``tokenizer`` folder; and where reports go by default (``out``)."""
-
-    weights: Path | None
-    url: str
-    tokenizer: Path
-    out: Path
-
-
-def resolve_checkpoint(
-    ckpt: str, suite: str, *, step: int | None = None, tokenizer: str = ""
-) -> Checkpoint:
-    """``ckpt=`` (and ``step=``, ``tokenizer=``) as a :class:`Checkpoint`, or a
-    ConfigError naming the key and what to give instead.
-
-    Example:
-        >>> resolve_checkpoint("/nonexistent", "math")
-        Traceback (most recent call last):
-        ...
-        vime.errors.ConfigError: ckpt: /nonexistent does not exist; give an HF checkpoint folder, a run folder or an engine URL (http://host:port)
-    """
-    name = Path(suite).stem if suite.endswith((".yaml", ".yml")) else suite
-    if ckpt.startswith(("http://", "https://")):
-        if step is not None:
-            raise ConfigError("step: applies to a run folder, not to an engine URL", key="step")
-        folder = Path(tokenizer) if tokenizer else _served_model_folder(ckpt)
-        return Checkpoint(None, ckpt, folder, Path(f"eval-{name}"))
-    if tokenizer:
-        raise ConfigError(
-            "tokenizer: only for ckpt=URL (a folder brings its own tokenizer)", key="tokenizer"
-        )
-    path = Path(ckpt)
-    if not path.exists():
-        raise ConfigError(
-            f"ckpt: {path} does not exist; give an HF checkpoint folder, a run folder or an "
-            "engine URL (http://host:port)",
-            key="ckpt",
-        )
-    match = re.fullmatch(r"step_(\d+)", path.name)
-    if match and is_run_folder(path.parent.parent):  # run/checkpoints/step_N
-        path, step = path.parent.parent, int(match.group(1)) if step is None else step
-    if (path / "config.json").exists():
-        if step is not None:
-            raise ConfigError(f"step: {path} is an HF folder, not a run folder", key="step")
-        return Checkpoint(path, "", path, path / f"eval-{name}")
-    if not is_run_folder(path):
-        raise ConfigError(
-            f"ckpt: {path} is neither an HF checkpoint folder (config.json) nor a run folder "
-            "(config.yaml)",
-            key="ckpt",
-        )
-    weights, step = _run_weights(path, step)
-    return Checkpoint(weights, "", weights, path / "eval" / f"{name}-step_{step:06d}")
-
-
-def _published(folder: Path) -> dict[int, Path]:
-    """Whole weight exports by step (a killed sync leaves a ``vNNNNNN.partial``)."""
-    found = folder.glob("v*") if folder.exists() else []
-    return {
-        int(p.name[1:]): p for p in found if p.name[1:].isdigit() and (p / "config.json").exists()
-    }
-
-
-def _run_weights(run: Path, step: int | None) -> tuple[Path, int]:
-    """A run's HF weights at ``step`` (None: the newest): its export, or one made from the
-    step's trainer checkpoint (kept under ``eval/weights``)."""
-    exports = {**_published(run / "eval" / "weights"), **_published(run / "weights")}
-    if step is None:
-        # A LoRA run exports adapters only: its newest checkpoint, merged, then.
-        step = max(exports or run_checkpoints(run) or [-1])
-        if step < 0:
-            raise ConfigError(
-                f"ckpt: {run} has no weights/v* export yet (no step finished?)", key="ckpt"
-            )
-    if step in exports:
-        return exports[step], step
-    checkpoint = run / "checkpoints" / f"step_{step:06d}"
-    if not (checkpoint / "state.json").exists():
-        steps = sorted(
-            {int(p.name[5:]) for p in (run / "checkpoints").glob("step_*") if p.name[5:].isdigit()}
-        )
-        raise ConfigError(
-            f"step: {run} has no complete checkpoint or export of step {step}; "
-            f"checkpoints: {steps}, exports: {sorted(exports)}",
-            key="step",
-        )
-    from vime.runs.export import export_checkpoint
-
-    return export_checkpoint(run, checkpoint, run / "eval" / "weights" / f"v{step:06d}"), step
-
-
-def _served_model_folder(url: str) -> Path:
-    """The tokenizer of an attached engine: its served model's folder (``/v1/models`` root)."""
-    try:
-        with urllib.request.urlopen(f"{url.rstrip('/')}/v1/models", timeout=10) as resp:
-            card = json.loads(resp.read())["data"][0]
-    except (OSError, ValueError, KeyError, IndexError) as err:
-        raise ConfigError(f"ckpt: cannot read {url}/v1/models ({err})", key="ckpt") from err
-    root = Path(str(card.get("root") or card.get("id") or ""))
-    if not (root / "config.json").exists():
-        raise ConfigError(
-            f"tokenizer: the engine at {url} serves {root}, not a folder here; give "
-            "tokenizer=DIR (an HF folder with the model's tokenizer)",
-            key="tokenizer",
-        )
-    return root
-
-
 # ---------------------------------------------------------------- command line
 
 
@@ -447,10 +333,10 @@ def _engine_config(
     """The launched engine's settings: ``engine.*`` overrides (the keys ``given``), and a
     context window that fits the suite's longest ``max_model_len`` unless
     ``engine.max_model_len`` is given."""
-    if ckpt.url and given:
+    if ckpt.url and set(given) - {"engine.api_key"}:
         raise ConfigError(
-            "engine.*: apply only when eval launches the engine; ckpt is the running engine "
-            f"{ckpt.url}",
+            "engine.*: apply only when eval launches the engine (but engine.api_key, the key "
+            f"a running engine requires); ckpt is the running engine {ckpt.url}",
             key="engine",
         )
     if "engine.url" in given:
@@ -477,7 +363,9 @@ def main(argv: list[str]) -> int:
     suite = load_suite(cmd.suite).with_settings(seed=cmd.seed)
     if cmd.limit is not None:
         suite = suite.with_settings(limit=cmd.limit)
-    ckpt = resolve_checkpoint(cmd.ckpt, cmd.suite, step=cmd.step, tokenizer=cmd.tokenizer)
+    ckpt = resolve_checkpoint(
+        cmd.ckpt, cmd.suite, step=cmd.step, tokenizer=cmd.tokenizer, api_key=cmd.engine.api_key
+    )
     out = Path(cmd.out or ckpt.out)
     given = [k for a in argv if (k := a.partition("=")[0].strip()).startswith("engine.")]
     engine_cfg = _engine_config(cmd, given, suite, ckpt)
