@@ -85,10 +85,45 @@ def load_config(overrides: list[str], config_dir: str | Path | None = None) -> T
         raise
     except (HydraException, OmegaConfBaseException, ValueError, TypeError) as err:
         raise _friendly(err, given, options) from None
-    presets = OmegaConf.to_container(presets)
-    assert isinstance(cfg, TrainConfig) and isinstance(presets, dict)
-    check_dependencies(cfg, {str(k): v for k, v in presets.items()})
+    presets = _preset_values(presets, composed)
+    assert isinstance(cfg, TrainConfig)
+    check_dependencies(cfg, presets)
     return cfg
+
+
+def _preset_values(presets: Any, composed: Any) -> dict[str, Any]:
+    """The presets' values as a dict; a preset's interpolation (``${vime.tiny:32,8}``)
+    takes the value it has in the ``composed`` config wherever the user left it alone, as
+    it may depend on keys the user set (``model.path``).
+
+    Example:
+        >>> presets = OmegaConf.create({"a": "${b}", "b": 1, "c": "${b}"})
+        >>> composed = OmegaConf.create({"a": "${b}", "b": 2, "c": 5})
+        >>> _preset_values(presets, composed)
+        {'a': 2, 'b': 1, 'c': 1}
+    """
+    raw = OmegaConf.to_container(presets, resolve=False)
+    assert isinstance(raw, dict)
+
+    def value(node: Any, path: str) -> Any:
+        if isinstance(node, dict):
+            return {k: value(v, f"{path}.{k}" if path else str(k)) for k, v in node.items()}
+        if isinstance(node, str) and "${" in node:
+            same = _raw(composed, path) == node  # the user did not set this key
+            return OmegaConf.select(composed if same else presets, path)
+        return node
+
+    return {str(k): value(v, str(k)) for k, v in raw.items()}
+
+
+def _raw(cfg: Any, path: str) -> Any:
+    """The node at ``path`` as written (an interpolation stays its string)."""
+    parent, _, leaf = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if not OmegaConf.is_dict(node):
+        return None
+    written = OmegaConf.to_container(node, resolve=False)
+    return written.get(leaf) if isinstance(written, dict) else None
 
 
 def _search_path(config_dir: str | Path | None) -> list[str]:
