@@ -53,6 +53,11 @@ from vime.rl.tasks import train_source
         ),
         (["rollout.max_staleness=2"], "rollout.max_staleness", "rollout.mode"),
         (["rollout.partial_rollouts=false"], "rollout.partial_rollouts", "rollout.mode"),
+        (
+            ["+experiment=lora", "rollout=async", "rollout.partial_rollouts=false"],
+            "rollout.partial_rollouts",
+            "trainer.lora.rank",
+        ),
         (["env.eval_size=0", "eval_every=3"], "eval_every", "env.eval_size"),
         (
             ["model.warm_start_steps=0", "model.warm_start_target=0.3"],

@@ -313,6 +313,14 @@ RULES: tuple[Needs, ...] = (
     ),
     Needs(
         ("rollout.partial_rollouts",),
+        "trainer.lora.rank",
+        # vime.rl.setup.engine_clients: only the full sync pauses the engines.
+        lambda c: c.trainer.lora.rank == 0,
+        "(an adapter sync pauses no engine: each request keeps the adapter it named)",
+        "leave rollout.partial_rollouts unset with LoRA",
+    ),
+    Needs(
+        ("rollout.partial_rollouts",),
         "rollout.mode",
         lambda c: c.rollout.mode == "async",
         "(a sync step's requests have all ended before its weight sync)",
