@@ -64,6 +64,7 @@ DOCKER = {
 }
 STORE = {"vime.store.postgres"}
 ENGINE = {
+    "vime.agents.policy_client",
     "vime.engine",
     "vime.engine.client",
     "vime.engine.delta_worker",

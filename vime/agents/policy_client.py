@@ -52,11 +52,16 @@ engine. ``"sdk"`` sends every request through the untouched SDK, on its own aioh
 client (``openai.DefaultAioHttpClient``): the reference path. Figures:
 ``docs/performance.md``.
 
-Example (skipped as a doctest: it needs a running vLLM server):
-    >>> client = PolicyClient(PolicyClientConfig(urls=["http://127.0.0.1:8000"]))  # doctest: +SKIP
-    >>> out = await client.generate([1, 87, 85], SamplingParams(max_tokens=8), session="ep1")  # doctest: +SKIP
-    >>> len(out.token_ids) == len(out.logprobs)  # doctest: +SKIP
-    True
+Example (``engine_url``: a running vLLM server; the doctests give the session's):
+    >>> async def sample(url):
+    ...     client = PolicyClient(PolicyClientConfig(urls=[url]))
+    ...     try:
+    ...         out = await client.generate([1, 87, 85], SamplingParams(max_tokens=8), session="e")
+    ...         return len(out.token_ids) == len(out.logprobs), client.server_for("e") == url
+    ...     finally:
+    ...         await client.aclose()
+    >>> asyncio.run(sample(engine_url))
+    (True, True)
 """
 
 from __future__ import annotations
@@ -285,9 +290,15 @@ class PolicyClient:
         """The servers whose ``/health`` answers now (all asked at once, each for at most
         the probes' health timeout).
 
-        Example (skipped as a doctest: it needs a running vLLM server):
-            >>> await client.answering()  # doctest: +SKIP
-            ['http://127.0.0.1:8000']
+        Example (``engine_url``: a running vLLM server):
+            >>> async def answering(*urls):
+            ...     client = PolicyClient.from_urls(*urls)
+            ...     try:
+            ...         return await client.answering()
+            ...     finally:
+            ...         await client.aclose()
+            >>> asyncio.run(answering(engine_url, "http://127.0.0.1:9")) == [engine_url]
+            True
         """
         found = await asyncio.gather(*(self._probes.answers(url) for url in self.urls))
         return [url for url, ok in zip(self.urls, found, strict=True) if ok]
