@@ -64,7 +64,9 @@ DOCKER = {
 }
 STORE = {"vime.store.postgres"}
 ENGINE = {
+    "vime.agents.liveness",
     "vime.agents.policy_client",
+    "vime.agents.server_probes",
     "vime.engine",
     "vime.engine.client",
     "vime.engine.delta_worker",

@@ -13,9 +13,17 @@ last waiting request to finish stops the heartbeat. A hang is found within
 ``every_s + 2 * health_timeout_s``: 25 s at the defaults (5 s, 10 s), whatever
 ``request_timeout_s`` is.
 
-Example (skipped as a doctest: it needs a running server):
-    >>> heartbeat = Heartbeat(probes, every_s=lambda: 5.0)  # doctest: +SKIP
-    >>> data = await heartbeat.watched(url, post(url, body))  # doctest: +SKIP
+Example (``engine_url``: a running vLLM server; the doctests give the session's):
+    >>> import aiohttp
+    >>> from vime.agents.server_probes import ServerProbes
+    >>> async def models(url):
+    ...     async with aiohttp.ClientSession() as session:
+    ...         heartbeat = Heartbeat(ServerProbes(lambda: session, health_timeout_s=10.0),
+    ...                               every_s=lambda: 5.0)
+    ...         async with session.get(f"{url}/v1/models") as reply:
+    ...             return await heartbeat.watched(url, reply.json())
+    >>> asyncio.run(models(engine_url))["object"]
+    'list'
 """
 
 from __future__ import annotations

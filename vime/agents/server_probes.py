@@ -6,10 +6,13 @@ any of them waits; each then asks the server something. :class:`ServerProbes` se
 probe per server and question and hands its answer to every caller, so hundreds of
 requests cost the server one request.
 
-Example (skipped as a doctest: it needs a running server):
-    >>> probes = ServerProbes(session_factory, health_timeout_s=10.0)  # doctest: +SKIP
-    >>> await probes.answers("http://127.0.0.1:8000")  # doctest: +SKIP
-    True
+Example (``engine_url``: a running vLLM server; the doctests give the session's):
+    >>> async def ask(url):
+    ...     async with aiohttp.ClientSession() as session:
+    ...         probes = ServerProbes(lambda: session, health_timeout_s=10.0)
+    ...         return await asyncio.gather(probes.answers(url), probes.is_paused(url))
+    >>> asyncio.run(ask(engine_url))
+    [True, False]
 """
 
 from __future__ import annotations
