@@ -64,6 +64,7 @@ DOCKER = {
 }
 STORE = {"vime.store.postgres"}
 ENGINE = {
+    "vime.agents.collector",
     "vime.agents.liveness",
     "vime.agents.policy_client",
     "vime.agents.server_probes",

@@ -37,11 +37,21 @@ Malformed tool calls (``Action.parse_errors``): with ``tool_parse_errors="observ
 was wrong (the env is not stepped, the turn counts); with ``"env"`` the action goes to
 the env, which answers it.
 
-Example (skipped as a doctest: it needs a running vLLM server behind ``client``):
-    >>> collector = Collector(client, tokenizer, CollectorConfig(n_samples=4))  # doctest: +SKIP
-    >>> episodes = await collector.collect(tasks, "vime/Math-v0")  # doctest: +SKIP
-    >>> async for ep in collector.stream(tasks, "vime/Math-v0"):  # doctest: +SKIP
-    ...     buffer.append([ep], step=0)
+Example (``engine_url`` serving ``model_dir``: the doctests give the session's server):
+    >>> from vime.agents.policy_client import PolicyClient
+    >>> async def play(tasks):
+    ...     client = PolicyClient.from_urls(engine_url)
+    ...     config = CollectorConfig(n_samples=2, sampling=SamplingParams(max_tokens=8),
+    ...                              progress=False)
+    ...     collector = Collector(client, model_dir, config)
+    ...     try:
+    ...         return await collector.collect(tasks, "vime/Math-v0")
+    ...     finally:
+    ...         collector.close()
+    ...         await client.aclose()
+    >>> episodes = asyncio.run(play([{"id": "t1", "question": "1 + 1", "answer": "2"}]))
+    >>> [(e.task_id, e.sample_index, len(e.tokens) == len(e.loss_mask)) for e in episodes]
+    [('t1', 0, True), ('t1', 1, True)]
 """
 
 from __future__ import annotations
