@@ -49,6 +49,7 @@ def test_the_preset_trains_the_tiny_model_on_the_family_and_a_real_model_on_the_
     tiny = load_config(["env=swe"])
     assert tiny.env.builtin_tasks == "vime.suites.swe.tasks.oneline:oneline_tasks"
     assert tiny.env.demonstrations and tiny.model.warm_start_steps > 0
+    assert (tiny.trainer.lr, tiny.rollout.batch_size, tiny.env.eval_size) == (1e-4, 8, 32)
     own = load_config(["env=swe", "model.path=/models/coder"])
     assert own.env.builtin_tasks == "vime.suites.swe.tasks:load_bundled"
     assert own.env.kwargs == {
@@ -60,6 +61,7 @@ def test_the_preset_trains_the_tiny_model_on_the_family_and_a_real_model_on_the_
         64,
         8,
     )
+    assert own.trainer.lr == load_config(["env=math"]).trainer.lr  # the tiny recipe's, as before
 
 
 def test_a_task_without_a_one_edit_solution_has_no_demonstration():
