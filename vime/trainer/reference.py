@@ -102,6 +102,7 @@ class ReferenceModel(Trainer):
         self.model = _Frozen(model)
         self.optimizer = self.scheduler = None
         self.step = 0
+        self._routers: list[Any] = []  # π_ref routes its MoE tokens itself (no routing replay)
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
