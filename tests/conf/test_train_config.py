@@ -26,7 +26,7 @@ def test_defaults_are_the_embedded_math_run():
             ["env=swe"],
             lambda c: (
                 c.env.id == "vime/SWE-v0"
-                and c.env.kwargs == {"max_turns": 8}
+                and c.env.kwargs == {"max_turns": 5, "tools": ["bash", "str_replace", "submit"]}
                 and c.rollout.collector.max_turns is None
             ),
         ),
