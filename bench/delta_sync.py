@@ -175,5 +175,6 @@ def main(models: list[str], reps: int, json_path: str = "") -> list[dict[str, An
                 print(json.dumps({k: v for k, v in results[-1].items() if "split" not in k}))
     report(results)
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(results, indent=1))
     return results

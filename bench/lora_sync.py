@@ -198,6 +198,7 @@ def main(models: list[str], rank: int, reps: int, device: str, json_path: str = 
             print(json.dumps({k: v for k, v in results[-1].items() if "split" not in k}))
     report(results)
     if json_path:
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(results, indent=1))
     return results
 

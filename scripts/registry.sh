@@ -29,6 +29,7 @@ ours() {
 
 case "${1:-start}" in
   start)
+    mkdir -p "$run"  # an answering registry (another checkout's, on the same port) too
     if answers; then echo "$addr" | tee "$run/addr"; exit 0; fi
     if ! command -v docker-registry >/dev/null; then
       echo "registry.sh: docker-registry is not installed; run scripts/setup.sh (it installs" \

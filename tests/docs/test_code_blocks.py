@@ -384,6 +384,9 @@ def shortened(cmd: str, *, run_root: Path, ckpt: Path, run: Path | None, url: st
         return f"{cmd} {shlex.join(flags)}"
     if not trains:
         return cmd
+    # SHORTEN turns the eval off (eval_every=0): the block's eval sizes would then be
+    # refused as doing nothing.
+    cmd = re.sub(r"\s+env\.eval_(size|tasks)=\S+", "", cmd)
     extra = list(SHORTEN)
     if "resume=" in cmd:  # a resumed run keeps its folder and continues its step count
         assert run is not None

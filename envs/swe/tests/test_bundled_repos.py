@@ -55,8 +55,9 @@ def test_at_least_50_tasks_over_8_repositories_with_both_runners():
 def test_training_never_draws_a_held_back_task():
     assert HELD_BACK and not _ids(TRAIN) & _ids(HELD_BACK)
     assert _ids(TRAIN) | _ids(HELD_BACK) == _ids(ALL)
-    # The swe preset: training draws the train split, its eval the held-back split.
-    env = load_config(["env=swe"]).env
+    # The swe preset with a user's model (the tiny model's trains the one-line family):
+    # training draws the train split, its eval the held-back split.
+    env = load_config(["env=swe", "model.path=/models/coder"]).env
     assert _ids(train_tasks(env)) == _ids(TRAIN)
     evaluated = eval_tasks(env)
     assert evaluated and _ids(evaluated) <= _ids(HELD_BACK)
@@ -70,7 +71,8 @@ def test_training_never_draws_a_held_back_task():
         train_tasks(dataclasses.replace(env, builtin_args={"split": "eval"}))
     assert err.value.key == "env.builtin_args.split"
     with pytest.raises(ConfigError, match=r"env\.tasks\.path: 8 task\(s\) of .* held back"):
-        train_tasks(load_config(["env=swe", f"env.tasks.path={HELDOUT_FILE}"]).env)
+        own = ["env=swe", "model.path=/models/coder", f"env.tasks.path={HELDOUT_FILE}"]
+        train_tasks(load_config(own).env)
     with pytest.raises(ConfigError, match="split: must be one of"):
         load_bundled("test")
 
