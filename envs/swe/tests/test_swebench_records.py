@@ -223,6 +223,7 @@ def test_images_from_a_registry_are_pulled_and_never_built(
 @pytest.mark.slow
 def test_records_in_every_form_build_and_grade(instances, docker_host):
     """Gold patch resolved, empty unresolved, test edit tampered, a hang an error; per form."""
+    GRADED.clear()  # this test's episodes only (the registry test grades some too)
     tag = uuid.uuid4().hex[:12]
     sandbox = SandboxConfig(
         memory="512m", env={"HOME": "/tmp"}, labels={"vime.env": "swe", "vime.test": tag}
