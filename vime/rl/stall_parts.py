@@ -155,13 +155,23 @@ def rank_heartbeat(run_root: Path, rank: int) -> Heartbeat:
     """This rank's heartbeat in ``RUN/heartbeats`` (a context manager); trainer processes
     spawned from here beat there too (:data:`HEARTBEATS_ENV`).
 
+    Rank 0 first clears the folder: a run that was force-ended (SIGKILL, a lost node)
+    leaves its files behind, and a resumed run's stall report would name those long-gone
+    processes as frozen. A live rank whose file goes with them rewrites it within a second.
+
     Example:
         >>> import tempfile
-        >>> with rank_heartbeat(Path(tempfile.mkdtemp()), 0) as beat:
-        ...     beat.path.name
-        'rank-0.json'
+        >>> run_root = Path(tempfile.mkdtemp())
+        >>> (run_root / HEARTBEATS).mkdir()
+        >>> _ = (run_root / HEARTBEATS / "rank-3.json").write_text('{"pid": 7, "time": 0}')
+        >>> with rank_heartbeat(run_root, 0) as beat:
+        ...     sorted(p.name for p in beat.path.parent.iterdir())
+        ['rank-0.json']
     """
     folder = run_root / HEARTBEATS
+    if rank == 0:
+        for stale in folder.glob("*.json"):
+            stale.unlink(missing_ok=True)
     os.environ[HEARTBEATS_ENV] = str(folder)
     return Heartbeat(folder, f"rank-{rank}")
 
