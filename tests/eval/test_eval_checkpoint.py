@@ -31,22 +31,26 @@ pytestmark = [pytest.mark.engine, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Reward 1 for an odd-length reply: samples of one task differ, so GRPO has a signal.
-PARITY_ENV = """
+# A random reward: samples of one task always differ, so GRPO has a signal and one step
+# moves the weights. (A reply-parity reward can be equal across every group: in one CI
+# run the step then left the weights as they were and the last assert failed.)
+RANDOM_REWARD_ENV = """
+import random
+
 import vime
 from vime.envs import Env
 
 
-class ParityEnv(Env):
+class RandomRewardEnv(Env):
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed, options=options)
         return [{"role": "user", "content": self.task["question"]}], {}
 
     def step(self, action):
-        return [], float(len(action.text) % 2), True, False, {}
+        return [], random.random(), True, False, {}
 
 
-vime.register("evaltest/Parity-v0", entry_point=ParityEnv, max_turns=1)
+vime.register("evaltest/RandomReward-v0", entry_point=RandomRewardEnv, max_turns=1)
 """
 
 
@@ -59,14 +63,14 @@ def _run(args: list[str], log: Path, pythonpath: Path) -> None:
 
 
 def test_training_evals_and_eval_of_a_run_step(shared_engine, tiny_model_dir, tmp_path):
-    (tmp_path / "parity_env.py").write_text(PARITY_ENV)
+    (tmp_path / "random_reward_env.py").write_text(RANDOM_REWARD_ENV)
     tasks = tmp_path / "tasks.jsonl"
     tasks.write_text(
         "".join(json.dumps({"id": f"q{i}", "question": f"Say {i}."}) + "\n" for i in range(4))
     )
     train = [
         sys.executable, "-m", "vime.cli", "train",
-        "env.id=parity_env:evaltest/Parity-v0", f"env.tasks.path={tasks}", f"env.eval_tasks={tasks}",
+        "env.id=random_reward_env:evaltest/RandomReward-v0", f"env.tasks.path={tasks}", f"env.eval_tasks={tasks}",
         "env.eval_size=2", f"engine.url={shared_engine.url}", f"run_root={tmp_path / 'runs'}",
         "model.warm_start_steps=0", "rollout.batch_size=2", "rollout.collector.n_samples=4",
         "rollout.filter_groups=false", "steps=1", "eval_every=1", "plot=false",
