@@ -28,7 +28,8 @@ setup(
     # The bundled chat templates (model.chat_template) and the train config's group
     # options (vime/conf/<group>/<option>.yaml) too.
     package_data={
-        SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml"],
+        # Harbor task folders travel whole (task.toml, Dockerfile, scripts, data).
+        SUITES: ["**/*.jsonl", "**/*.md", "**/*.yaml", "harbor/tasks/**/*"],
         "vime.models.templates": ["*.jinja"],
         "vime.conf": ["*/*.yaml"],
     },

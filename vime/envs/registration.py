@@ -276,6 +276,11 @@ BUNDLED: dict[str, dict[str, Any]] = {
         "max_turns": 30,
         "nondeterministic": True,
     },
+    "vime/Harbor-v0": {
+        "entry_point": "vime.suites.harbor.env:HarborEnv",
+        "max_turns": 30,
+        "nondeterministic": True,
+    },
 }
 """The suites shipped with vime: id → :func:`register` arguments. Their code is ``envs/``
 in the repository, installed as the ``vime.suites`` package (see setup.py)."""

@@ -4,6 +4,8 @@ OOM-kill counter.
 - :data:`INIT_CMD` is PID 1: it reaps orphans (zombies would eat the pids limit) and, on
   SIGUSR1, kills every other process of the sandbox user without forking (so it works
   even when a fork bomb holds every pid).
+- :data:`KILL_ALL_SCRIPT` kills every process but PID 1 and waits until they are gone
+  (the first half of the reset; Harbor's grader runs it alone before the tests).
 - :data:`RESET_SCRIPT` brings a sandbox back to clean for the next lease: no process but
   PID 1, no file in any place the sandbox user can write (the workspace, /tmp, /dev/shm,
   /dev/mqueue and any other writable tmpfs), no System V IPC object. It exits non-zero,
@@ -62,12 +64,13 @@ INIT_CMD = [
 # The signal that makes PID 1 kill every other process.
 KILL_SIGNAL = "SIGUSR1"
 
-# Run as the sandbox user with $1 = the workspace. kill(-1) from the script itself spares
-# the script and PID 1, and it is synchronous (unlike PID 1's SIGUSR1 path), so the wipe
-# never races a dying writer. Only shell builtins run between the kill and the count, so
-# a process forked meanwhile is caught by the next round. Zombies are skipped: PID 1
-# reaps them. `chmod -R` first: a folder made unreadable (chmod 000) must not survive.
-RESET_SCRIPT = r"""
+# Run as the sandbox user: kill every process but PID 1 and the script, and return only
+# once none is left. kill(-1) from the script itself spares the script and PID 1, and it
+# is synchronous (unlike PID 1's SIGUSR1 path), so what runs next never races a dying
+# writer. Only shell builtins run between the kill and the count, so a process forked
+# meanwhile is caught by the next round. Zombies are skipped: PID 1 reaps them. The reset
+# below starts with it; graders that must stop the agent first run it alone.
+KILL_ALL_SCRIPT = r"""
 tries=0
 while :; do
   kill -9 -1 2>/dev/null
@@ -83,7 +86,13 @@ while :; do
   if [ "$tries" -ge 100 ]; then echo "reset: $left process(es) survived kill -9" >&2; exit 1; fi
   sleep 0.02
 done
-wipe() {
+"""
+
+# Run as the sandbox user with $1 = the workspace: the kill above, then the wipe.
+# `chmod -R` first: a folder made unreadable (chmod 000) must not survive.
+RESET_SCRIPT = (
+    KILL_ALL_SCRIPT
+    + r"""wipe() {
   chmod -R u+rwX "$1" 2>/dev/null
   find "$1" -mindepth 1 -maxdepth 1 -exec rm -rf -- {} + 2>/dev/null
   [ -z "$(ls -A "$1")" ] || { echo "reset: $1 is not empty after the wipe" >&2; exit 1; }
@@ -103,6 +112,7 @@ for f in /proc/sysvipc/shm /proc/sysvipc/msg /proc/sysvipc/sem; do
   fi
 done
 """
+)
 
 # The first line :data:`PROBE_CMD` prints: only a container whose PID 1 still lives can
 # start the process that prints it.

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+wc -w < /app/words.txt | tr -d ' ' > /app/count.txt

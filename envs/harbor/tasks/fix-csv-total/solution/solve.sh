@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i 's/row\["quantity"\]/row["amount"]/' /app/report.py
