@@ -373,7 +373,7 @@ class TrainConfig:
     # Weights to the engines each step (vime.sync.config): sync.method (sync=X for short)
     # disk / nccl / ipc; sync.delta sends only what changed; sync.full_every.
     sync: SyncConfig = field(default_factory=SyncConfig)
-    plot: bool = True  # redraw <run>/reward.png (reward/mean, eval/reward) after each step
+    plot: bool = True  # redraw <run>/reward.png (reward/mean, eval/reward) as the run goes
 
     def __post_init__(self) -> None:
         require(self.steps >= 1, "steps", "must be >= 1")

@@ -40,8 +40,8 @@ from vime.conf.train import TrainConfig
 from vime.engine import EngineClient
 from vime.engine.fleet import asleep
 from vime.envs import TaskSource
+from vime.observability.live_curves import LiveCurves
 from vime.observability.lock_watch import LockWatch
-from vime.observability.metrics import plot_curves
 from vime.observability.recorder import StepRecorder
 from vime.observability.trace import TRACE
 from vime.placement.ranks import Ranks, TrainerGroup
@@ -130,6 +130,7 @@ def train(cfg: TrainConfig) -> TrainResult:
         runner = _rollouts(cfg, plays, policy, model_dir, buffer, tasks, sync, cleanup)
         runner.save = lambda s: checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
         evaluated = evaluation(cfg, policy, model_dir, held_out, run.root, cleanup)
+        curves = LiveCurves(metrics_log.read, run.plot, f"vime: {cfg.env.id}") if cfg.plot else None
 
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
             baseline = runner.run(evaluated(step=0))
@@ -160,8 +161,8 @@ def train(cfg: TrainConfig) -> TrainResult:
             if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
                 checkpoint(run, group, tasks, step)
             console.step(step, row)
-            if cfg.plot:
-                plot_curves(metrics_log.read(), run.plot, title=f"vime: {cfg.env.id}")
+            if curves:
+                curves.step(row, last=step == cfg.steps)
     console.done()
     return TrainResult(run.root, cfg.steps, metrics_log.read())
 

@@ -5,7 +5,7 @@ runs/20261130-061500-math/
   config.yaml        the resolved config this run used
   metrics.jsonl      one line per step (MetricsLog)
   metrics.superseded.jsonl   rows of steps a resumed run trained again (MetricsLog.supersede)
-  reward.png         reward curve, redrawn every step
+  reward.png         reward curve, redrawn as the run goes (at evals, every 30 s, at the end)
   buffer/            DataBuffer: every episode, by step
   checkpoints/step_000010/   trainer checkpoint + state.json (step, data position, version)
   weights/           latest HF export that the engines loaded
