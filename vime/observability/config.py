@@ -119,7 +119,8 @@ def _installed(package: str) -> bool:
 STALL_S = 600.0
 """The default of ``watchdog.stall_s``: as long as an engine request may take
 (``request_timeout_s``), and longer than any sound stretch of a run without a finished
-span or trainer step (a large checkpoint save is the longest)."""
+span or trainer step (a checkpoint save counts as progress while it writes or computes:
+:mod:`vime.observability.working`)."""
 
 
 @dataclass

@@ -31,6 +31,7 @@ from vime.errors import ConfigError, DiskFullError, is_disk_full
 from vime.models.templates import with_chat_template
 from vime.models.tiny import build_tiny_model
 from vime.observability.trace import TRACE
+from vime.observability.working import Working
 from vime.paths import cache_dir
 from vime.placement.ranks import Ranks, TrainerGroup
 from vime.placement.trainer_process import (
@@ -332,7 +333,8 @@ def checkpoint(run: RunDir, trainer: TrainerGroup, tasks: TaskSource, step: int)
     shutil.rmtree(partial, ignore_errors=True)  # what a killed attempt left
     try:
         partial.mkdir(parents=True)
-        trainer.save_checkpoint(partial / "trainer")
+        with Working(partial):  # a long save that writes is no stall (watchdog.stall_s)
+            trainer.save_checkpoint(partial / "trainer")
         pause_point("checkpoint", step)  # fault tests: SIGKILL mid-checkpoint
         write_state(partial, {"step": step, "tasks": tasks.state_dict(), "weight_version": step})
         publish(partial, folder)
