@@ -76,6 +76,50 @@ ENGINE = {
     "vime.sync.delta_disk",
     "vime.sync.disk",
 }
+# Modules whose examples get a fresh trainer of their own (examples train it, save it,
+# load into it): see trainer_globals.
+TRAINER = {
+    "vime.rl.warm_start",
+    "vime.trainer.checkpoint",
+    "vime.trainer.critic",
+    "vime.trainer.hf",
+    "vime.trainer.lora",
+    "vime.trainer.lora_export",
+    "vime.trainer.model",
+    "vime.trainer.reference",
+    "vime.trainer.step",
+}
+# Those whose trainer trains rank-4 LoRA adapters.
+TRAINER_LORA = {"vime.trainer.lora_export"}
+
+
+@pytest.fixture(scope="session")
+def doctest_hf_folder(tmp_path_factory) -> Path:
+    """A random tiny llama HF checkpoint (vocabulary 250, 2 layers; about 1 MB)."""
+    from tests.trainer._trainer_models import make_hf_checkpoint
+
+    return make_hf_checkpoint("llama", tmp_path_factory.mktemp("doctest-hf") / "llama")
+
+
+def trainer_globals(name: str, test: doctest.DocTest, request: pytest.FixtureRequest) -> dict:
+    """``hf_folder`` (a random tiny llama), ``samples`` (4 random samples of its vocabulary,
+    advantages ±1) and ``tmp`` (an empty folder) for one of ``name``'s examples, and
+    ``trainer`` where it uses one: a new :class:`~vime.trainer.step.Trainer` on
+    ``hf_folder`` (lr 1e-3; rank-4 LoRA adapters for the modules in TRAINER_LORA), so that
+    no example sees what another did to its trainer."""
+    from tests.trainer._trainer_samples import random_samples
+
+    hf_folder = request.getfixturevalue("doctest_hf_folder")
+    tmp = request.getfixturevalue("tmp_path") / test.name
+    tmp.mkdir()
+    globs = {"hf_folder": str(hf_folder), "samples": random_samples(4, 250, seed=3), "tmp": tmp}
+    if any("trainer" in example.source for example in test.examples):
+        from vime.trainer.lora import LoraConfig
+        from vime.trainer.step import Trainer, TrainerConfig
+
+        lora = LoraConfig(rank=4 if name in TRAINER_LORA else 0)
+        globs["trainer"] = Trainer(hf_folder, TrainerConfig(lr=1e-3, lora=lora))
+    return globs
 
 
 @contextlib.contextmanager
@@ -137,6 +181,10 @@ def test_docstring_examples(name: str, request: pytest.FixtureRequest) -> None:
         if top in OPTIONAL:
             pytest.skip(f"{name}: {OPTIONAL[top]}")
         raise
+    runner = doctest.DocTestRunner(optionflags=doctest.ELLIPSIS)
     with service_globals(name, request) as globs:
-        result = doctest.testmod(module, extraglobs=globs, optionflags=doctest.ELLIPSIS)
-    assert result.failed == 0
+        for test in doctest.DocTestFinder().find(module, name, extraglobs=globs):
+            if name in TRAINER:
+                test.globs.update(trainer_globals(name, test, request))
+            runner.run(test)
+    assert runner.failures == 0

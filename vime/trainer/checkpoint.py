@@ -7,11 +7,14 @@ present, Python ``random``) as common (rank-0) state: vime seeds every rank iden
 runs with dropout 0, so one RNG state is valid for any layout. With LoRA
 (:mod:`vime.trainer.lora`) the model part is the adapters only: the base is frozen.
 
-Example (skipped as a doctest: it needs a Megatron model and optimizer, built after
-:func:`vime.trainer.parallel.init_distributed`):
-    >>> save_checkpoint("runs/x/ckpt/step_10", model, optimizer, scheduler, step=10)  # doctest: +SKIP
-    >>> load_checkpoint("runs/x/ckpt/step_10", model, optimizer, scheduler)           # doctest: +SKIP
-    10
+Example (a :class:`~vime.trainer.step.Trainer`'s parts, saved after a train step, loaded
+back after another):
+    >>> parts = trainer.module, trainer.optimizer, trainer.scheduler
+    >>> _ = trainer.train_step(samples)
+    >>> folder = save_checkpoint(tmp / "step_1", *parts, step=1)
+    >>> _ = trainer.train_step(samples)
+    >>> load_checkpoint(folder, *parts)
+    1
 """
 
 from __future__ import annotations
@@ -41,7 +44,9 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state(state["cuda"])
 
 
-def _sharded_state(model: Any, optimizer: Any, *, is_loading: bool) -> dict[str, Any]:
+def _sharded_state(
+    model: Any, optimizer: Any, *, is_loading: bool, with_moments: bool = True
+) -> dict[str, Any]:
     from vime.trainer.lora import lora_of
 
     model_sd = model.sharded_state_dict()
@@ -49,10 +54,31 @@ def _sharded_state(model: Any, optimizer: Any, *, is_loading: bool) -> dict[str,
         # LoRA: the frozen base is the run's model folder, loaded at start; only the
         # adapters (and their optimizer state) change, so only they are saved.
         model_sd = {k: v for k, v in model_sd.items() if k.startswith("lora.")}
+    if not with_moments:
+        return {"model": model_sd}
     return {
         "model": model_sd,
         "optimizer": optimizer.sharded_state_dict(model_sd, is_loading=is_loading),
     }
+
+
+def _saved_moments(folder: Path) -> bool:
+    """True when the checkpoint holds Adam's moments: an optimizer saved before its first
+    step has none (torch creates them at the first step), and asking for them on load fails
+    with a ``KeyError: optimizer.state.exp_avg...``."""
+    from megatron.core import dist_checkpointing
+
+    saved = dist_checkpointing.load_tensors_metadata(str(folder))
+    return any(k.startswith("optimizer.state.exp_avg.") for k in saved)
+
+
+def _clear_moments(optimizer: Any) -> None:
+    """Make ``optimizer`` one that has taken no step (what a checkpoint without moments
+    saved), its float32 master weights (bf16) copied from the model just loaded: before
+    the first step they are the model's weights exactly."""
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner.optimizer.state.clear()
+    optimizer.reload_model_params()
 
 
 def _is_lora(model: Any, state: dict[str, Any]) -> bool:
@@ -78,8 +104,10 @@ def save_checkpoint(
 ) -> Path:
     """Save model, optimizer, scheduler, RNG and ``step`` to ``folder`` (collective).
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> save_checkpoint("ckpt/step_1", model, opt, sched, step=1)  # doctest: +SKIP
+    Example (``trainer``: a :class:`~vime.trainer.step.Trainer`):
+        >>> parts = trainer.module, trainer.optimizer, trainer.scheduler
+        >>> save_checkpoint(tmp / "step_0", *parts, step=0).name
+        'step_0'
     """
     from megatron.core import dist_checkpointing
 
@@ -102,8 +130,15 @@ def load_checkpoint(folder: str | Path, model: Any, optimizer: Any, scheduler: A
 
     The model's TP/PP layout may differ from the one that saved. Returns the saved step.
 
-    Example (skipped as a doctest: it needs a Megatron model and optimizer to load into):
-        >>> step = load_checkpoint("ckpt/step_1", model, opt, sched)  # doctest: +SKIP
+    A checkpoint saved before the first train step has no Adam moments: loading it clears
+    the optimizer's, as a new trainer's.
+
+    Example (saved before any step, loaded after one):
+        >>> parts = trainer.module, trainer.optimizer, trainer.scheduler
+        >>> folder = save_checkpoint(tmp / "step_0", *parts, step=0)
+        >>> _ = trainer.train_step(samples)
+        >>> load_checkpoint(folder, *parts), len(trainer.optimizer.state)
+        (0, 0)
     """
     from megatron.core import dist_checkpointing
 
@@ -114,11 +149,20 @@ def load_checkpoint(folder: str | Path, model: Any, optimizer: Any, scheduler: A
             "that Trainer.save_checkpoint wrote"
         )
     with cpu_device_scope():
-        state = _sharded_state(model, optimizer, is_loading=True)
+        # Megatron's optimizer creates zero moments when asked for its state to load into,
+        # and asks for them whether or not they were saved: only ask when they were.
+        moments = _saved_moments(folder)
+        state = _sharded_state(model, optimizer, is_loading=True, with_moments=moments)
         loaded = dist_checkpointing.load(state, str(folder))
         model.load_state_dict(loaded["model"], strict=not _is_lora(model, loaded["model"]))
-        optimizer.load_state_dict(loaded["optimizer"])
+        if moments:
+            optimizer.load_state_dict(loaded["optimizer"])
+        else:
+            _clear_moments(optimizer)
         common = dist_checkpointing.load_common_state_dict(str(folder))
+    # Megatron's scheduler adds the saved step count to its own: from 0, it is the saved one
+    # (else a trainer that has trained would resume with a later learning rate).
+    scheduler.num_steps = 0
     scheduler.load_state_dict(common["scheduler"])
     _set_rng_state(common["rng"])
     return int(common["step"])

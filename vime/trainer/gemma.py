@@ -178,8 +178,12 @@ def scale_embeddings(model: Any, hidden_size: int) -> None:
     """Multiply the output of ``model.embedding`` by √hidden, rounded to the embedding's
     dtype first as transformers does (a forward hook: the parameter names stay Megatron's).
 
-    Example (skipped as a doctest: it needs a built model):
-        >>> scale_embeddings(model, 1152)  # doctest: +SKIP
+    Example (any module with an ``embedding``; hidden size 4: × 2):
+        >>> model = torch.nn.Module()
+        >>> model.embedding = torch.nn.Embedding(3, 4)
+        >>> scale_embeddings(model, 4)
+        >>> model.embedding(torch.tensor([1])).equal(2 * model.embedding.weight[1:2])
+        True
     """
     normalizer = torch.tensor(math.sqrt(hidden_size))
 
@@ -329,8 +333,16 @@ def gemma_block_spec(config: Any, spec: Any) -> Any:
     """megatron-core's block spec for this pipeline stage's Gemma layers (local spec, vime's
     SDPA core attention, Gemma norms, one layer spec per layer: local or global).
 
-    Example (skipped as a doctest: it needs ``init_distributed``):
-        >>> gemma_block_spec(config, model_spec_from_hf(cfg))  # doctest: +SKIP
+    Example (Gemma 2's local and global layers, after
+    :func:`~vime.trainer.parallel.init_distributed`):
+        >>> from transformers import Gemma2Config
+        >>> from vime.trainer.model import megatron_config_from_hf, model_spec_from_hf
+        >>> from vime.trainer.parallel import init_distributed
+        >>> _ = init_distributed()
+        >>> spec = model_spec_from_hf(Gemma2Config(hidden_size=64, intermediate_size=96,
+        ...     num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16))
+        >>> len(gemma_block_spec(megatron_config_from_hf(spec), spec).layer_specs)
+        2
     """
     from megatron.core.transformer.transformer_block import (
         TransformerBlockSubmodules,

@@ -14,11 +14,12 @@ Loading reads the HF tensors on every rank and keeps this rank's slice. Export g
 slices over TP (all-gather) and the stages over PP (to global rank 0), undoes the layout,
 and writes tensors with the names and dtypes of the checkpoint it was loaded from.
 
-Example (the calls are skipped as a doctest: they need a Megatron model, built after
-:func:`vime.trainer.parallel.init_distributed`):
+Example (``trainer.module``: a Megatron model stage, see :class:`~vime.trainer.step.Trainer`;
+``hf_folder``: the HF checkpoint it was built from):
     >>> from vime.trainer.hf import load_hf_weights, export_hf
-    >>> load_hf_weights(model, "ckpt/hf")                  # doctest: +SKIP
-    >>> export_hf(model, "out/hf", like="ckpt/hf")         # doctest: +SKIP
+    >>> load_hf_weights(trainer.module, hf_folder)
+    >>> export_hf(trainer.module, tmp / "hf", like=hf_folder).name
+    'hf'
 """
 
 from __future__ import annotations
@@ -195,8 +196,9 @@ def load_hf_weights(model: Any, folder: str | Path) -> None:
 
     Raises :class:`TrainerError` when a tensor is missing or has the wrong shape.
 
-    Example (skipped as a doctest: it needs a Megatron model, see :func:`~vime.trainer.model.build_gpt_model`):
-        >>> load_hf_weights(model, "ckpt/hf")  # doctest: +SKIP
+    Example (``trainer.module``: a Megatron model stage, see
+    :func:`~vime.trainer.model.build_gpt_model`):
+        >>> load_hf_weights(trainer.module, hf_folder)
     """
     model = _unwrap(model)
     spec: ModelSpec = model.hf_spec
@@ -238,8 +240,10 @@ def hf_state_dict(model: Any) -> dict[str, torch.Tensor] | None:
 
     Every rank must call it (it gathers over TP, expert parallel and PP).
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> sd = hf_state_dict(model)  # doctest: +SKIP
+    Example:
+        >>> sd = hf_state_dict(trainer.module)
+        >>> tuple(sd["model.embed_tokens.weight"].shape)
+        (250, 64)
     """
     from megatron.core import parallel_state as ps
 
@@ -289,9 +293,9 @@ def export_hf(model: Any, out_folder: str | Path, *, like: str | Path) -> Path |
     files are copied. Collective: every rank calls it; global rank 0 writes. Returns the
     folder on rank 0, ``None`` elsewhere.
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> export_hf(model, "runs/x/hf_step_10", like="ckpt/hf")  # doctest: +SKIP
-        PosixPath('runs/x/hf_step_10')
+    Example:
+        >>> (export_hf(trainer.module, tmp / "hf_step_10", like=hf_folder) / "config.json").exists()
+        True
     """
     tensors = hf_export_tensors(model, like=like, out=out_folder)
     return None if tensors is None else write_hf(tensors, out_folder, like=like)
@@ -304,8 +308,8 @@ def hf_export_tensors(
     0 (``None`` elsewhere); collective, as :func:`hf_state_dict`. (The delta weight sync
     keeps them: :mod:`vime.sync.delta_export`.)
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> sorted(hf_export_tensors(model, like="ckpt/hf"))[0]  # doctest: +SKIP
+    Example:
+        >>> sorted(hf_export_tensors(trainer.module, like=hf_folder))[0]
         'lm_head.weight'
     """
     from vime.trainer.lora_export import merged_state

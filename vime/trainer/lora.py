@@ -177,9 +177,10 @@ def add_lora(model: Any, config: LoraConfig, *, seed: int = 1234) -> LoraAdapter
     the global layer, so every TP rank draws the same whole ``A`` and keeps its slice;
     ``B`` is zero.
 
-    Example (skipped as a doctest: it needs a Megatron model, see
-    :func:`~vime.trainer.model.build_gpt_model`):
-        >>> adapters = add_lora(model, LoraConfig(rank=16))  # doctest: +SKIP
+    Example (``trainer.module``: a :class:`~vime.trainer.model.PolicyGPTModel`, 2 layers):
+        >>> adapters = add_lora(trainer.module, LoraConfig(rank=16))
+        >>> len(adapters.pairs()), adapters is trainer.module.lora
+        (8, True)
     """
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel import set_tensor_model_parallel_attributes

@@ -51,8 +51,11 @@ def adapter_hf_state(model: Any) -> dict[str, torch.Tensor] | None:
     """The adapters as PEFT-named float tensors on global rank 0 (None elsewhere, and for a
     model without adapters). Collective: every rank calls it (TP all-gather, PP gather).
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> state = adapter_hf_state(trainer.module)  # doctest: +SKIP
+    Example (``trainer``: a :class:`~vime.trainer.step.Trainer` with rank-4 adapters):
+        >>> state = adapter_hf_state(trainer.module)
+        >>> name = "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight"
+        >>> tuple(state[name].shape)
+        (4, 64)
     """
     from megatron.core import parallel_state as ps
 
@@ -111,9 +114,10 @@ def export_peft(model: Any, folder: str | Path, *, base: str | Path) -> Path | N
     """Write the adapters as a PEFT folder (collective; global rank 0 writes and returns
     the folder). Tensors are in the model's dtype.
 
-    Example (skipped as a doctest: a collective over a Megatron model's process groups):
-        >>> export_peft(trainer.module, "runs/x/adapters/v000003", base="ckpt/hf")  # doctest: +SKIP
-        PosixPath('runs/x/adapters/v000003')
+    Example (``trainer``: a :class:`~vime.trainer.step.Trainer` with adapters):
+        >>> out = export_peft(trainer.module, tmp / "adapters" / "v000003", base=hf_folder)
+        >>> sorted(p.name for p in out.iterdir())
+        ['adapter_config.json', 'adapter_model.safetensors']
     """
     state = adapter_hf_state(model)
     adapters = lora_of(model)

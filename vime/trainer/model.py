@@ -480,10 +480,14 @@ def build_gpt_model(
     Megatron's activation recompute (one of :data:`RECOMPUTE_MODES`): ``selective``
     recomputes the core attention, ``full`` every layer from its input, in the backward pass.
 
-    Example (the build is skipped as a doctest: it needs
-    :func:`~vime.trainer.parallel.init_distributed`, whose process groups are global state):
+    Example (a one-layer llama, after :func:`~vime.trainer.parallel.init_distributed`):
         >>> from transformers import LlamaConfig
-        >>> model = build_gpt_model(LlamaConfig(num_hidden_layers=1))  # doctest: +SKIP
+        >>> from vime.trainer.parallel import init_distributed
+        >>> _ = init_distributed()
+        >>> cfg = LlamaConfig(hidden_size=64, intermediate_size=96, num_hidden_layers=1,
+        ...                   num_attention_heads=4, num_key_value_heads=2, vocab_size=250)
+        >>> type(build_gpt_model(cfg)).__name__
+        'PolicyGPTModel'
     """
     from megatron.core import parallel_state as ps
 

@@ -8,9 +8,9 @@ One entry point, :func:`init_distributed`, works in three situations:
 
 gloo is used without CUDA (with the shims of :mod:`vime.trainer.compat`), NCCL with it.
 
-Example (the call is skipped as a doctest: process groups are global state of the test process):
+Example (a plain Python process: world size 1):
     >>> from vime.trainer.parallel import init_distributed, destroy_distributed
-    >>> init_distributed(tp=1, pp=1)  # doctest: +SKIP
+    >>> init_distributed(tp=1, pp=1)
     ParallelInfo(rank=0, world_size=1, tp=1, pp=1, dp=1, tp_rank=0, pp_rank=0, dp_rank=0)
 """
 
@@ -47,10 +47,10 @@ def init_distributed(tp: int = 1, pp: int = 1, ep: int = 1) -> ParallelInfo:
     Calling it again with other sizes rebuilds the Megatron groups on the same world
     (e.g. a test that loads a TP=2 checkpoint at TP=1 in one process).
 
-    Example (skipped as a doctest: process groups are global state of the test process):
-        >>> info = init_distributed()  # doctest: +SKIP
-        >>> info.world_size  # doctest: +SKIP
-        1
+    Example (again: the groups of the first call are kept):
+        >>> info = init_distributed()
+        >>> info.world_size, init_distributed() == info
+        (1, True)
     """
     from megatron.core import parallel_state as ps
 
@@ -102,8 +102,9 @@ def init_distributed(tp: int = 1, pp: int = 1, ep: int = 1) -> ParallelInfo:
 def parallel_info() -> ParallelInfo:
     """The current rank's grid coordinates (after :func:`init_distributed`).
 
-    Example (skipped as a doctest: it needs :func:`init_distributed` first):
-        >>> parallel_info().tp  # doctest: +SKIP
+    Example:
+        >>> _ = init_distributed()
+        >>> parallel_info().tp
         1
     """
     from megatron.core import parallel_state as ps
@@ -123,8 +124,8 @@ def parallel_info() -> ParallelInfo:
 def destroy_distributed() -> None:
     """Tear down Megatron's groups and the default process group.
 
-    Example (skipped as a doctest: it would tear down groups other tests use):
-        >>> destroy_distributed()  # doctest: +SKIP
+    Usage (no doctest: it would tear down the groups of the process's trainers):
+    ``destroy_distributed()``
     """
     from megatron.core import parallel_state as ps
 

@@ -11,10 +11,11 @@ it costs one copy of the weights, kept in host memory between uses (``offload``)
 The RL loop calls it once per step on the step's samples (before the advantages, which
 need it when the KL is a reward penalty); the results become ``Sample.ref_logprobs``.
 
-Example (skipped as a doctest: it needs the process groups of ``init_distributed``):
-    >>> ref = ReferenceModel("ckpt/hf", TrainerConfig())  # doctest: +SKIP
-    >>> ref.compute_logprobs(samples)[0][:2]  # doctest: +SKIP
-    [0.0, -3.91]
+Example (beside the policy's ``trainer``, before it trains: the same log-probs):
+    >>> ref = ReferenceModel(hf_folder, trainer.config)
+    >>> lps, policy = ref.compute_logprobs(samples)[0], trainer.compute_logprobs(samples)[0]
+    >>> lps[0], max(abs(a - b) for a, b in zip(lps, policy)) < 1e-6
+    (0.0, True)
 """
 
 from __future__ import annotations
@@ -69,9 +70,10 @@ class ReferenceModel(Trainer):
     ``config`` is the trainer's config: the same dtype, attention, temperature, micro-batch
     and chunk sizes, so the reference's log-probs are computed exactly as the policy's.
 
-    Example (skipped as a doctest: it needs ``init_distributed`` and an HF folder):
-        >>> ReferenceModel("ckpt/hf", TrainerConfig(), offload=False).device  # doctest: +SKIP
-        device(type='cpu')
+    Example (beside the policy's ``trainer``, on its process groups):
+        >>> ref = ReferenceModel(hf_folder, trainer.config, offload=False)
+        >>> ref.optimizer is None, ref.parallel == trainer.parallel
+        (True, True)
     """
 
     def __init__(  # deliberately not Trainer.__init__: no DDP, no grad buffers, no optimizer
@@ -106,11 +108,7 @@ class ReferenceModel(Trainer):
 
     @torch.no_grad()
     def compute_logprobs(self, samples: Sequence[Sample]) -> list[list[float]]:
-        """Per-token log-probs under π_ref, aligned with ``tokens`` (position 0 gets 0.0).
-
-        Example (skipped as a doctest: see the class example):
-            >>> ref.compute_logprobs(samples)  # doctest: +SKIP
-        """
+        """Per-token log-probs under π_ref, aligned with ``tokens`` (position 0 gets 0.0)."""
         with self._on_device():
             return super().compute_logprobs(samples)
 
