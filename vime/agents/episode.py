@@ -41,6 +41,7 @@ from vime.agents.policy_client import (
     ContextLengthError,
     EngineUnavailableError,
 )
+from vime.agents.routing_records import RoutingRecords
 from vime.agents.tool_parsers import ToolParser
 from vime.agents.turn_samples import ChatSettings, chat_fields, new_chat
 from vime.envs.contract import validate_reset_result, validate_step_result
@@ -213,8 +214,7 @@ class EpisodeRun:
         self.chat: ChatTokens | None = None
         self.reward = 0.0
         self.server = ""
-        # Routing replay: token index -> the experts the last request computing it chose.
-        self.routing: dict[int, list[list[int]]] = {}
+        self.routing = RoutingRecords()  # routing replay: the experts kept for each token
 
     # ------------------------------------------------------------------ the three calls
 
@@ -311,9 +311,11 @@ class EpisodeRun:
             raise Ending(EpisodeStatus.TRUNCATED, "max_model_len")
         max_tokens = min(settings.sampling.max_tokens, room)
         out = await self._generate(chat, turn_index, max_tokens)
-        start = len(chat.tokens) - len(chat.request)  # the request's first token
-        for p, row in enumerate(out.routed_experts or []):
-            self.routing[start + p] = row
+        if out.routed_experts is not None:  # the request's rows, from its first token on
+            start, prompt_len = len(chat.tokens) - len(chat.request), len(chat.request)
+            self.routing.add(
+                out.routed_experts, start=start, prompt_len=prompt_len, sampled=out.num_tokens
+            )
         t0 = time.perf_counter()
         text = chat.add_sampled(out.token_ids, out.logprobs, out.versions)
         action = self.context.parser(text)
@@ -450,7 +452,6 @@ class EpisodeRun:
             metadata["final_messages"] = self.leftover
         metrics["turns"] = float(len(self.turns))
         fields = chat_fields(self.chat, metrics, metadata)
-        routed = [self.routing.get(i, []) for i in range(len(fields["tokens"]))]
         return Episode(
             task_id=self.task_id,
             env_id=self.env_id,
@@ -465,7 +466,7 @@ class EpisodeRun:
             metadata=metadata,
             uid=self.uid,
             sampler=self.context.settings.sampling.sampler(),
-            routed_experts=routed if self.routing else None,
+            routed_experts=self.routing.table(len(fields["tokens"])) if self.routing else None,
             **fields,
         )
 
