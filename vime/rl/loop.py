@@ -88,9 +88,14 @@ class TrainResult:
 def train(cfg: TrainConfig) -> TrainResult:
     """Run RL training as configured; returns the run folder and per-step metrics.
 
-    Example (skipped as a doctest: a full run takes minutes):
-        >>> train(load_config(["steps=2"])).last_step  # doctest: +SKIP
-        2
+    Usage (a run takes minutes): ``train(load_config(["steps=2"])).last_step`` is 2.
+
+    Example (a ``rollout.generate`` that does not import fails before any engine or run
+    folder exists):
+        >>> train(load_config(["rollout.generate=no_such_module:play"]))
+        Traceback (most recent call last):
+        ...
+        vime.errors.ConfigError: rollout.generate: cannot import module 'no_such_module' ...
     """
     external = [u for u in [cfg.engine.url, *cfg.placement.engine_urls] if u]
     plays = load_players(cfg)  # a wrong extension point fails before engines start

@@ -3,8 +3,12 @@ policy starts from (after the warm start), the trainer (in this process or a chi
 reference model and the critic, the engine clients and the weight sync, the task sources,
 the loop's evaluation, and the checkpoint's save and restore.
 
-Example (skipped as a doctest: it builds a model folder for a run):
-    >>> model_dir = prepare_model(load_config([]), RunDir("runs/x"))  # doctest: +SKIP
+Example (a ``model.path`` that is not an HF folder is refused before any run folder exists):
+    >>> from vime.conf.compose import load_config
+    >>> prepare_model(load_config(["model.path=/no/such/model"]), RunDir("runs/x"))
+    Traceback (most recent call last):
+    ...
+    vime.errors.ConfigError: model.path: /no/such/model is not an HF checkpoint folder ...
 """
 
 from __future__ import annotations
