@@ -68,6 +68,18 @@ def moe_engine(tmp_path_factory):
         yield folder, server
 
 
+@pytest.fixture()
+def engine(moe_engine):
+    """A client of the module's engine, for a test that loads other weights into it: the
+    module's model is loaded back after the test (each test starts from it, in any order)."""
+    folder, server = moe_engine
+    client = EngineClient(server.url)
+    try:
+        yield client
+    finally:
+        client.update_weights_from_disk(folder, 0)
+
+
 def _complete(server, prompt: list[int], seed: int, max_tokens: int):
     """One completion of ``prompt``: its ids, the engine's log-probs of them, and the rows
     the engine recorded for the request (one per input token)."""
@@ -153,7 +165,7 @@ def _measure(trainer, samples, label: str) -> tuple[int, tuple[float, float], tu
     return differ, replayed, free
 
 
-def test_trainer_replays_the_engines_routing(moe_engine, dist1, tmp_path):
+def test_trainer_replays_the_engines_routing(moe_engine, engine, dist1, tmp_path):
     from vime.trainer.step import Trainer
 
     folder, server = moe_engine
@@ -172,7 +184,7 @@ def test_trainer_replays_the_engines_routing(moe_engine, dist1, tmp_path):
     assert _gap(trainer, shifted)[0] > 1e-2
 
     trainer.train_step(samples)  # the weights move; the engine gets them by a reload
-    EngineClient(server.url).update_weights_from_disk(trainer.export_hf(tmp_path / "v1"), 1)
+    engine.update_weights_from_disk(trainer.export_hf(tmp_path / "v1"), 1)
     _, replayed, _ = _measure(trainer, _sample(server, range(4, 8)), "step 2 (after a sync)")
     assert replayed[0] <= 1e-6 and replayed[1] < 1e-5
 
@@ -199,14 +211,14 @@ def tied_moe(moe_engine, tmp_path_factory):
     return tied
 
 
-def test_replay_settles_near_ties(moe_engine, tied_moe, dist1):
+def test_replay_settles_near_ties(moe_engine, engine, tied_moe, dist1):
     """Routers whose experts 0-3 score within float noise of each other: the engine and the
     trainer, each routing by itself, pick differently for some tokens, and those tokens'
     log-probs differ; replayed, they agree again."""
     from vime.trainer.step import Trainer
 
     _, server = moe_engine
-    EngineClient(server.url).update_weights_from_disk(tied_moe, 2)
+    engine.update_weights_from_disk(tied_moe, 2)
     trainer = Trainer(tied_moe, TrainerConfig(routing_replay=True))
     differ, replayed, free = _measure(trainer, _sample(server, range(8, 12)), "near ties")
     assert differ > 0 and free[1] > 10 * replayed[1]
@@ -239,7 +251,7 @@ def _episode(server, seed: int) -> tuple[Sample, list[tuple[list, int, int]]]:
     return Sample(tokens, mask, logprobs, advantage=1.0), records
 
 
-def test_each_turn_keeps_the_routing_it_was_sampled_with(moe_engine, tied_moe, dist1):
+def test_each_turn_keeps_the_routing_it_was_sampled_with(moe_engine, engine, tied_moe, dist1):
     """Three-turn episodes on near-tied routers. Each turn's request routes the earlier
     turns' tokens again; here the later records are rotated among the tied experts for
     the tokens sampled before them (as an engine whose prefill routes them otherwise would
@@ -249,13 +261,9 @@ def test_each_turn_keeps_the_routing_it_was_sampled_with(moe_engine, tied_moe, d
     from vime.agents.routing_records import RoutingRecords
     from vime.trainer.step import Trainer
 
-    folder, server = moe_engine
-    engine = EngineClient(server.url)
+    _, server = moe_engine
     engine.update_weights_from_disk(tied_moe, 3)
-    try:
-        episodes = [_episode(server, seed) for seed in (1, 2, 3)]
-    finally:
-        engine.update_weights_from_disk(folder, 0)  # the other tests' model, in any order
+    episodes = [_episode(server, seed) for seed in (1, 2, 3)]
     trainer = Trainer(tied_moe, TrainerConfig(routing_replay=True))
     own, last, rerouted = [], [], 0
     for sample, records in episodes:
@@ -283,7 +291,7 @@ def test_each_turn_keeps_the_routing_it_was_sampled_with(moe_engine, tied_moe, d
     assert gaps["last"][0] > 1e-2 and gaps["free"][1] > 10 * gaps["own"][1]
 
 
-def test_loop_trains_with_the_engines_routing(moe_engine, dist1, tmp_path, monkeypatch):
+def test_loop_trains_with_the_engines_routing(moe_engine, engine, dist1, tmp_path, monkeypatch):
     """The RL loop with trainer.routing_replay=true against the engine: the collector takes
     each turn's routing into the episode, the trainer replays it, and both steps (the
     second after a weight sync) agree with the engine."""
