@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from vime.config import require
-from vime.envs.toolkit import ToolContext, ToolEnv, Toolset, tool_message
+from vime.envs.tool_context import ToolContext
+from vime.envs.toolkit import ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message

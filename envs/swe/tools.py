@@ -11,7 +11,8 @@ Example:
 
 from __future__ import annotations
 
-from vime.envs.toolkit import ToolContext, ToolError, format_exec, resolve_path, tool
+from vime.envs.tool_context import ToolContext, format_exec
+from vime.envs.toolkit import ToolError, resolve_path, tool
 from vime.errors import SandboxError
 
 

@@ -1,7 +1,7 @@
 """Built-in tools: a safe calculator, Python in the sandbox, and workspace file access.
 
 The calculator evaluates arithmetic by walking the expression's AST (no ``eval``); the
-others run in the episode's sandbox, which :class:`~vime.envs.toolkit.ToolContext`
+others run in the episode's sandbox, which :class:`~vime.envs.tool_context.ToolContext`
 creates on first use.
 
 Example:
@@ -17,7 +17,8 @@ import operator
 from collections.abc import Callable
 from typing import Any
 
-from vime.envs.toolkit import Tool, ToolContext, ToolError, format_exec, resolve_path, tool
+from vime.envs.tool_context import ToolContext, format_exec
+from vime.envs.toolkit import Tool, ToolError, resolve_path, tool
 
 _BINARY: dict[type, Callable[[Any, Any], Any]] = {
     ast.Add: operator.add,

@@ -30,7 +30,8 @@ from typing import Any
 
 from vime.config import require
 from vime.envs.answers import extract_boxed
-from vime.envs.toolkit import Tool, ToolContext, ToolEnv, Toolset, tool_message
+from vime.envs.tool_context import ToolContext
+from vime.envs.toolkit import Tool, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
 from vime.types import Action, Message, ToolCall

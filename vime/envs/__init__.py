@@ -26,7 +26,8 @@ from vime.envs.registration import (
 from vime.envs.spaces import ActionSpace, MessagesSpace, message_problem, messages_problem
 from vime.envs.task_source import TaskSource, TaskSourceConfig
 from vime.envs.tasks import load_tasks
-from vime.envs.toolkit import Tool, ToolContext, ToolEnv, ToolError, Toolset, tool
+from vime.envs.tool_context import ToolContext
+from vime.envs.toolkit import Tool, ToolEnv, ToolError, Toolset, tool
 from vime.envs.wrappers import ContractChecker, EpisodeGuard, TurnLimit, wrap
 
 __all__ = [
