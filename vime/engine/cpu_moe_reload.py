@@ -12,9 +12,8 @@ the size of tensor b (96)``), without padding the engine silently computes anoth
 (measured: reloading the same folder moved its log-probs 0.2-0.3 away from the trainer's).
 
 Here the weight-update branch prepacks too, so the copy writes what the first load wrote.
-vime's launcher turns it on for CPU servers (``VIME_VLLM_CPU_MOE_RELOAD=1``, read by
-:func:`vime.engine.vllm_plugin.register` in vLLM's processes); if vLLM's classes have
-changed shape it warns and leaves them alone.
+vime's launcher turns it on for CPU servers (``VIME_VLLM_CPU_MOE_RELOAD=1``), and
+:mod:`vime.engine.vllm_patch` applies it in vLLM's processes.
 
 Example:
     >>> import os
@@ -25,34 +24,39 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import os
 from typing import Any
 
-log = logging.getLogger("vllm.vime_plugin")
+from vime.engine.vllm_patch import replace_methods
 
 ENV = "VIME_VLLM_CPU_MOE_RELOAD"
 
 
 def patch() -> bool:
     """Patch vLLM's MoE kernel setup as the module docstring says; True if patched."""
-    if os.environ.get(ENV, "") != "1":
-        return False
-    try:
-        from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
-        from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
-            UnquantizedFusedMoEMethod,
-        )
-    except ImportError as err:
-        log.warning("vime: %s is set but vLLM's CPU MoE classes are missing (%s)", ENV, err)
-        return False
-    setup = getattr(UnquantizedFusedMoEMethod, "_setup_kernel", None)
-    prepack = getattr(CPUUnquantizedExperts, "process_weights_after_loading", None)
-    if setup is None or prepack is None:
-        log.warning("vime: vLLM's MoE _setup_kernel moved; a CPU MoE weight reload may be wrong")
-        return False
-    if getattr(setup, "_vime_prepacks", False):
-        return True
+    return replace_methods(
+        ENV,
+        _targets,
+        _wrap,
+        missing="its CPU MoE classes",
+        moved="vLLM's MoE _setup_kernel moved; a CPU MoE weight reload may be wrong",
+        done="CPU MoE experts are prepacked again on a weight reload",
+    )
+
+
+def _targets() -> list[tuple[Any, str]]:
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+    from vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method import (
+        UnquantizedFusedMoEMethod,
+    )
+
+    return [
+        (UnquantizedFusedMoEMethod, "_setup_kernel"),
+        (CPUUnquantizedExperts, "process_weights_after_loading"),  # called, not replaced
+    ]
+
+
+def _wrap(setup: Any, prepack: Any) -> list[Any]:
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
 
     def _setup_kernel(self: Any, layer: Any, w13: Any, w2: Any) -> None:
         updating = getattr(self, "moe_kernel", None) is not None
@@ -63,7 +67,4 @@ def patch() -> bool:
             # (fresh) tensors; vLLM then copies them into the running ones.
             experts.process_weights_after_loading(layer)
 
-    _setup_kernel._vime_prepacks = True  # type: ignore[attr-defined]
-    UnquantizedFusedMoEMethod._setup_kernel = _setup_kernel  # type: ignore[method-assign]
-    log.info("vime: CPU MoE experts are prepacked again on a weight reload")
-    return True
+    return [_setup_kernel, prepack]

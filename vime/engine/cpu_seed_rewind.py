@@ -12,9 +12,8 @@ prefills chunked to fit the step's token budget) lost its engine and every episo
 Here the sampler saves each CPU generator's state before it draws, and the bookkeeping
 puts that state back for the requests whose token is thrown away: the same rewind, done
 the CPU way, so a seeded request draws exactly as if its prefill had not been chunked.
-vime's launcher turns it on for CPU servers (``VIME_VLLM_CPU_SEED_REWIND=1``, read by
-:func:`vime.engine.vllm_plugin.register` in vLLM's processes); if vLLM's classes have
-changed shape it warns and leaves them alone.
+vime's launcher turns it on for CPU servers (``VIME_VLLM_CPU_SEED_REWIND=1``), and
+:mod:`vime.engine.vllm_patch` applies it in vLLM's processes.
 
 Example:
     >>> import os
@@ -25,12 +24,10 @@ Example:
 
 from __future__ import annotations
 
-import logging
-import os
 import weakref
 from typing import Any
 
-log = logging.getLogger("vllm.vime_plugin")
+from vime.engine.vllm_patch import replace_methods
 
 ENV = "VIME_VLLM_CPU_SEED_REWIND"
 
@@ -40,25 +37,25 @@ _before: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
 def patch() -> bool:
     """Patch vLLM's sampler and bookkeeping as the module docstring says; True if patched."""
-    if os.environ.get(ENV, "") != "1":
-        return False
-    try:
-        from vllm.v1.sample.sampler import Sampler
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except ImportError as err:
-        log.warning("vime: %s is set but vLLM's sampler or model runner is missing (%s)", ENV, err)
-        return False
-    sample = getattr(Sampler, "forward", None)
-    bookkeep = getattr(GPUModelRunner, "_bookkeeping_sync", None)
-    if sample is None or bookkeep is None:
-        log.warning(
-            "vime: vLLM's Sampler.forward or _bookkeeping_sync moved; seeded CPU "
-            "requests with a chunked prefill may still stop the engine"
-        )
-        return False
-    if getattr(bookkeep, "_vime_rewinds", False):
-        return True
+    return replace_methods(
+        ENV,
+        _targets,
+        _wrap,
+        missing="its sampler or model runner",
+        moved="vLLM's Sampler.forward or _bookkeeping_sync moved; seeded CPU requests "
+        "with a chunked prefill may still stop the engine",
+        done="seeded CPU requests rewind their generator's state, not its offset",
+    )
 
+
+def _targets() -> list[tuple[Any, str]]:
+    from vllm.v1.sample.sampler import Sampler
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return [(Sampler, "forward"), (GPUModelRunner, "_bookkeeping_sync")]
+
+
+def _wrap(sample: Any, bookkeep: Any) -> list[Any]:
     def forward(self: Any, logits: Any, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
         for gen in (getattr(sampling_metadata, "generators", None) or {}).values():
             if gen.device.type == "cpu":
@@ -80,8 +77,4 @@ def patch() -> bool:
         finally:
             generators.update(hidden)
 
-    bookkeeping._vime_rewinds = True  # type: ignore[attr-defined]
-    Sampler.forward = forward  # type: ignore[method-assign]
-    GPUModelRunner._bookkeeping_sync = bookkeeping  # type: ignore[method-assign]
-    log.info("vime: seeded CPU requests rewind their generator's state, not its offset")
-    return True
+    return [forward, bookkeeping]

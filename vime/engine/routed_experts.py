@@ -34,8 +34,6 @@ from __future__ import annotations
 import base64
 import dataclasses
 import io
-import logging
-import os
 from collections import OrderedDict
 from functools import partial
 from typing import Any
@@ -43,8 +41,7 @@ from typing import Any
 import numpy as np
 
 from vime.engine.config import EngineConfig
-
-log = logging.getLogger("vllm.vime_plugin")
+from vime.engine.vllm_patch import log, replace_methods
 
 ENV = "VIME_VLLM_ROUTED_EXPERTS"
 KEEP_REQUESTS = 4096  # finished requests whose routing nobody took are dropped, oldest first
@@ -82,20 +79,23 @@ def launch(config: EngineConfig) -> EngineConfig:
 
 def patch() -> bool:
     """Record the routing of every forward pass, as the module docstring says."""
-    if os.environ.get(ENV, "") != "1":
-        return False
-    try:
-        from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-    except ImportError as err:
-        log.warning("vime: %s is set but vLLM's V1 model runner is missing (%s)", ENV, err)
-        return False
-    forward = getattr(GPUModelRunner, "_model_forward", None)
-    if forward is None:
-        log.warning("vime: vLLM's _model_forward moved; no routed experts are recorded")
-        return False
-    if getattr(forward, "_vime_records", False):
-        return True
+    return replace_methods(
+        ENV,
+        _targets,
+        _wrap,
+        missing="its V1 model runner",
+        moved="vLLM's _model_forward moved; no routed experts are recorded",
+        done="the experts each token is routed to are recorded for routing replay",
+    )
 
+
+def _targets() -> list[tuple[Any, str]]:
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return [(GPUModelRunner, "_model_forward")]
+
+
+def _wrap(forward: Any) -> list[Any]:
     def _model_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not getattr(self, "_vime_routers_bound", False):
             _bind(self.model)
@@ -107,10 +107,7 @@ def patch() -> bool:
             _file_step(self, positions)
         return out
 
-    _model_forward._vime_records = True  # type: ignore[attr-defined]
-    GPUModelRunner._model_forward = _model_forward  # type: ignore[method-assign]
-    log.info("vime: the experts each token is routed to are recorded for routing replay")
-    return True
+    return [_model_forward]
 
 
 def _bind(model: Any) -> None:

@@ -29,15 +29,12 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any
 
 from vime.engine import cpu_moe_reload, cpu_seed_rewind, routed_experts
-
-# A child of vLLM's logger: vLLM's processes print it, with their pid, in the server log.
-log = logging.getLogger("vllm.vime_plugin")
+from vime.engine.vllm_patch import replace_methods
 
 ENV = "VIME_VLLM_SPIN_SLEEP_US"
 NAME = "vime_cpu_no_spin"  # vime's entry point in the vllm.general_plugins group (pyproject)
@@ -57,31 +54,32 @@ def register() -> bool:
 
 def _sleep_instead_of_spinning() -> bool:
     raw = os.environ.get(ENV, "")
-    if not raw or raw == "0":
-        return False
-    delay_s = int(raw) / 1e6
-    try:
+
+    def targets() -> list[tuple[Any, str]]:
         from vllm.distributed.device_communicators import shm_broadcast
-    except ImportError as err:
-        log.warning("vime: %s is set but vLLM's shm_broadcast is missing (%s)", ENV, err)
-        return False
-    cls: Any = getattr(shm_broadcast, "SpinCondition", None)
-    original = getattr(cls, "wait", None)
-    if original is None or getattr(original, "_vime_sleeps", False):
-        if original is None:
-            log.warning("vime: vLLM has no SpinCondition.wait; its readers keep spinning")
-        return original is not None
 
-    def wait(self: Any, timeout_ms: int | None = None) -> None:
-        # Same test as vLLM's own busy window; only what happens inside it changes.
-        if getattr(self, "is_reader", False) and time.monotonic() <= self.last_read + getattr(
-            self, "busy_loop_s", 0
-        ):
-            time.sleep(delay_s)
-            return
-        original(self, timeout_ms)
+        return [(getattr(shm_broadcast, "SpinCondition", None), "wait")]
 
-    wait._vime_sleeps = True  # type: ignore[attr-defined]
-    cls.wait = wait
-    log.info("vime: vLLM's shared-memory readers sleep %d us per poll", int(raw))
-    return True
+    def wrap(original: Any) -> list[Any]:
+        delay_s = int(raw) / 1e6
+
+        def wait(self: Any, timeout_ms: int | None = None) -> None:
+            # Same test as vLLM's own busy window; only what happens inside it changes.
+            if getattr(self, "is_reader", False) and time.monotonic() <= self.last_read + getattr(
+                self, "busy_loop_s", 0
+            ):
+                time.sleep(delay_s)
+                return
+            original(self, timeout_ms)
+
+        return [wait]
+
+    return replace_methods(
+        ENV,
+        targets,
+        wrap,
+        missing="its shm_broadcast",
+        moved="vLLM has no SpinCondition.wait; its readers keep spinning",
+        done=f"vLLM's shared-memory readers sleep {raw} us per poll",
+        asked=bool(raw) and raw != "0",
+    )
