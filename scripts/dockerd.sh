@@ -7,6 +7,7 @@
 #   bash scripts/dockerd.sh status
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/wait.sh"
 # Absolute: the socket path goes into DOCKER_HOST, read from other folders.
 run="$(realpath -m "${VIME_RUN_DIR:-$root/.run}")/docker"
 sock="$run/docker.sock"
@@ -53,20 +54,15 @@ case "${1:-start}" in
     setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$exec_root" \
       --pidfile "$run/docker.pid" --storage-driver overlay2 ${VIME_DOCKERD_ARGS:-} \
       >"$run/dockerd.log" 2>&1 </dev/null &
-    for _ in $(seq 1 120); do
-      # vime reads this file when DOCKER_HOST is not set (vime.sandbox.client.default_host).
-      if answers; then echo "$DOCKER_HOST" | tee "$run/host"; exit 0; fi
-      sleep 0.5
-    done
-    echo "dockerd.sh: dockerd did not answer on $sock within 60 s; last log lines:" >&2
-    tail -n 20 "$run/dockerd.log" >&2 || true
-    exit 1
+    wait_until 60 answers || give_up "dockerd did not answer on $sock within 60 s" "$run/dockerd.log"
+    # vime reads this file when DOCKER_HOST is not set (vime.sandbox.client.default_host).
+    echo "$DOCKER_HOST" | tee "$run/host"
     ;;
   stop)
     if [ -f "$run/docker.pid" ]; then
       pid=$(cat "$run/docker.pid")
       kill "$pid" 2>/dev/null || true
-      for _ in $(seq 1 40); do alive "$pid" || break; sleep 0.5; done
+      wait_while 20 alive "$pid" || true
     fi
     ;;
   status)

@@ -15,6 +15,7 @@
 # VIME_REGISTRY_PORT (default 55050) picks the port.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib/wait.sh"
 run="$(realpath -m "${VIME_RUN_DIR:-$root/.run}")/registry"
 port="${VIME_REGISTRY_PORT:-55050}"
 addr="127.0.0.1:$port"
@@ -50,20 +51,15 @@ http:
 EOF
     setsid docker-registry serve "$run/config.yml" >"$run/registry.log" 2>&1 </dev/null &
     echo $! >"$run/registry.pid"
-    for _ in $(seq 1 60); do
-      if answers; then echo "$addr" | tee "$run/addr"; exit 0; fi
-      sleep 0.5
-    done
-    echo "registry.sh: the registry did not answer on $addr within 30 s; last log lines:" >&2
-    tail -n 20 "$run/registry.log" >&2 || true
-    exit 1
+    wait_until 30 answers || give_up "the registry did not answer on $addr within 30 s" "$run/registry.log"
+    echo "$addr" | tee "$run/addr"
     ;;
   stop)
     if [ -f "$run/registry.pid" ]; then
       pid=$(cat "$run/registry.pid")
       if ours "$pid"; then
         kill "$pid"
-        for _ in $(seq 1 20); do ours "$pid" || break; sleep 0.5; done
+        wait_while 10 ours "$pid" || true
       fi
       rm -f "$run/registry.pid"
     fi
