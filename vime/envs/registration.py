@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib
+import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
@@ -284,6 +285,14 @@ BUNDLED: dict[str, dict[str, Any]] = {
 }
 """The suites shipped with vime: id → :func:`register` arguments. Their code is ``envs/``
 in the repository, installed as the ``vime.suites`` package (see setup.py)."""
+
+# vime/OpenEnv-v0 needs an optional extra (pip install 'vime[openenv]', openenv-core): it
+# is listed only where that is installed, so every listed env can be made and checked.
+if importlib.util.find_spec("openenv") is not None:
+    BUNDLED["vime/OpenEnv-v0"] = {
+        "entry_point": "vime.suites.openenv.env:OpenEnvEnv",
+        "max_turns": 8,
+    }
 
 
 def register_bundled() -> None:
