@@ -5,19 +5,22 @@ Modules are found by walking the packages' folders (no list to keep): every ``.p
 run against the project's dockerd, the rollout store's against its PostgreSQL, and the
 engine modules' and the disk weight sync's against the session's vLLM server (the root
 conftest's ``docker_host``, ``store_url`` and ``vllm_server`` start them), with the names
-of :func:`service_globals`. An example that cannot run here is marked
-``# doctest: +SKIP`` and its docstring says why, e.g. ``Example (skipped as a doctest: it
-needs a GPU):``, or is a one-line ``Usage (no doctest: ...)`` instead.
+of :func:`service_globals`; the trainer modules' get a new trainer on a random tiny model
+for each example that uses one (:func:`trainer_globals`). An example that cannot run here
+(a GPU, several hosts, minutes of training) is a ``Usage (no doctest: <why>):`` line
+instead, with no ``>>>``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import doctest
 import importlib
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -64,7 +67,11 @@ DOCKER = {
 }
 STORE = {"vime.store.postgres"}
 ENGINE = {
+    "vime.agents",
+    "vime.agents.agent_command",
     "vime.agents.collector",
+    "vime.agents.endpoint",
+    "vime.agents.generate",
     "vime.agents.liveness",
     "vime.agents.policy_client",
     "vime.agents.server_probes",
@@ -73,6 +80,7 @@ ENGINE = {
     "vime.engine.delta_worker",
     "vime.engine.serve",
     "vime.engine.server",
+    "vime.rl.eval_step",
     "vime.sync.delta_disk",
     "vime.sync.disk",
 }
@@ -122,19 +130,56 @@ def trainer_globals(name: str, test: doctest.DocTest, request: pytest.FixtureReq
     return globs
 
 
+def with_collector(engine_url: str, model_dir: str) -> Callable[..., Any]:
+    """``with_collector(play)``: ``asyncio.run(play(collector))`` with a :class:`Collector`
+    on the engine at ``engine_url`` (2 samples a task, 8-token turns, other
+    :class:`CollectorConfig` fields as keywords; ``generate``: the collector's), closed
+    after it with its client."""
+
+    def run(play: Callable[[Any], Awaitable[Any]], *, generate: Any = None, **fields: Any) -> Any:
+        from vime.agents import Collector, CollectorConfig, PolicyClient
+        from vime.types import SamplingParams
+
+        config = CollectorConfig(
+            n_samples=2, sampling=SamplingParams(max_tokens=8), progress=False, **fields
+        )
+
+        async def main() -> Any:
+            client = PolicyClient.from_urls(engine_url)
+            extra = {"generate": generate} if generate is not None else {}
+            collector = Collector(client, model_dir, config, **extra)
+            try:
+                return await play(collector)
+            finally:
+                collector.close()
+                await client.aclose()
+
+        return asyncio.run(main())
+
+    return run
+
+
 @contextlib.contextmanager
 def service_globals(name: str, request: pytest.FixtureRequest) -> Iterator[dict]:
     """The names that ``name``'s examples use beyond the module's own, made for its run
     and closed after it: ``sb`` (a running ``DockerSandbox``) for vime.sandbox.docker,
     ``pool`` (a started one-sandbox ``SandboxPool``) for vime.sandbox.pool, ``store_url``
     and a new ``run_name`` for vime.store.postgres, ``engine_url`` (the session's vLLM
-    server, its weights given back afterwards) and ``model_dir`` (the tiny model it
-    serves) for the engine modules and the disk weight sync."""
+    server, its weights given back afterwards), ``model_dir`` (the tiny model it serves),
+    ``with_collector`` (:func:`with_collector` on them), ``tasks`` (2 math tasks) and
+    ``tmp`` (an empty folder) for the engine modules and the disk weight sync."""
     if name in ENGINE:
         engine = request.getfixturevalue("shared_engine")
+        model_dir = str(request.getfixturevalue("tiny_model_dir"))
         yield {
             "engine_url": engine.url,
-            "model_dir": str(request.getfixturevalue("tiny_model_dir")),
+            "model_dir": model_dir,
+            "with_collector": with_collector(engine.url, model_dir),
+            "tmp": request.getfixturevalue("tmp_path"),
+            "tasks": [
+                {"id": "t1", "question": "1 + 1", "answer": "2"},
+                {"id": "t2", "question": "2 + 3", "answer": "5"},
+            ],
         }
         return
     if name in STORE:

@@ -206,9 +206,9 @@ def build_instance_images(
     Built on the first of ``hosts`` (default: the current Docker host) and copied to the
     others, so a sandbox leased on any of them finds it.
 
-    Example (skipped as a doctest: it needs a running dockerd):
-        >>> build_instance_images([plan])  # doctest: +SKIP
-        {('/repos/o__r', 'abc123', ('make',)): 'vime/layer:1f2e3d4c5b6a'}
+    Usage (no doctest: each image installs a repository's environment, minutes):
+    ``build_instance_images([plan])`` returns e.g.
+    ``{('/repos/o__r', 'abc123', ('make',)): 'vime/layer:1f2e3d4c5b6a'}``.
     """
     if not plans:
         return {}

@@ -83,9 +83,9 @@ def pull_instance_images(
     A pull that fails (the registry down, the image not pushed) is a :class:`DataError`
     naming the record, the image and ``swe.registry``.
 
-    Example (skipped as a doctest: it needs a running dockerd and registry):
-        >>> pull_instance_images({"record 1": registry_image("a__b-1", "127.0.0.1:55050")},
-        ...                      "127.0.0.1:55050")  # doctest: +SKIP
+    Usage (no doctest: it needs the project's registry with the instance's image pushed,
+    scripts/registry.sh): ``pull_instance_images({"record 1": registry_image("a__b-1",
+    "127.0.0.1:55050")}, "127.0.0.1:55050")``.
     """
     import docker.errors
     import requests.exceptions

@@ -1,10 +1,11 @@
 """Agents: the policy client, token-exact conversations, tool-call parsers and the collector.
 
-Example (the collection is skipped as a doctest: it needs a running vLLM server):
-    >>> from vime.agents import Collector, CollectorConfig, PolicyClient
-    >>> client = PolicyClient.from_urls("http://127.0.0.1:8000")
-    >>> collector = Collector(client, model_dir, CollectorConfig(n_samples=4))  # doctest: +SKIP
-    >>> episodes = await collector.collect(tasks, "vime/Math-v0")  # doctest: +SKIP
+Example (``with_collector(f)`` runs ``f(collector)``: a :class:`Collector` of 2 samples a
+task on a running engine, see :mod:`vime.agents.collector` for the whole of it; ``tasks``:
+2 math tasks):
+    >>> episodes = with_collector(lambda c: c.collect(tasks, "vime/Math-v0"))
+    >>> len(episodes), {e.env_id for e in episodes}
+    (4, {'vime/Math-v0'})
 """
 
 from __future__ import annotations

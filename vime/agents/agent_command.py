@@ -25,11 +25,18 @@ The agent runs in a process group of its own. Endings beyond the endpoint's
 A process that leaves the group (``setsid``, a daemon) is out of reach: if it still holds
 the agent's stdout or stderr, the episode is an error saying so, but it is not killed.
 
-Example (skipped as a doctest: it needs a running vLLM server behind the collector):
-    >>> agent = AgentCommand("python examples/own_agent.py", EndpointConfig())  # doctest: +SKIP
-    >>> collector = Collector(client, model_dir, config, generate=agent)  # doctest: +SKIP
-    >>> episodes = await collector.collect(tasks, "vime/Math-v0")  # doctest: +SKIP
-    >>> await agent.aclose()  # doctest: +SKIP
+Example (``with_collector(f, generate=g)`` runs ``f(collector)`` with ``g`` playing every
+sample, on a running engine; ``tasks``: 2 math tasks):
+    >>> import sys
+    >>> agent = AgentCommand(f"{sys.executable} examples/own_agent.py",
+    ...                      EndpointConfig(sampling=SamplingParams(max_tokens=8)))
+    >>> async def play(collector):
+    ...     try:
+    ...         return await collector.collect(tasks[:1], "vime/Math-v0")
+    ...     finally:
+    ...         await agent.aclose()
+    >>> [e.metadata["own_agent"] for e in with_collector(play, generate=agent)]
+    [True, True]
 """
 
 from __future__ import annotations

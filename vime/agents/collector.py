@@ -171,8 +171,11 @@ class Collector:
         rewards: ``rollout.reward`` and ``rollout.group_reward``, which score every finished
             episode and group (:mod:`vime.agents.rewards`); None: the env's reward.
 
-    Example (skipped as a doctest: it needs a running vLLM server at ``url``):
-        >>> collector = Collector(PolicyClient.from_urls(url), model_dir)  # doctest: +SKIP
+    Example (``engine_url``: a running vLLM server, serving ``model_dir``):
+        >>> collector = Collector(PolicyClient.from_urls(engine_url), model_dir)
+        >>> collector.config.n_samples
+        1
+        >>> collector.close()
     """
 
     def __init__(
@@ -206,8 +209,11 @@ class Collector:
     async def collect(self, tasks: list[dict[str, Any]], env: str | EnvFactory) -> list[Episode]:
         """Run every task ``n_samples`` times; return all episodes in task order.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> episodes = await collector.collect([{"id": "t1"}], "vime/Math-v0")  # doctest: +SKIP
+        Example (``with_collector(f)`` runs ``f(collector)``, 2 samples a task, on a
+        running engine; ``tasks``: 2 math tasks, ``t1`` and ``t2``):
+            >>> episodes = with_collector(lambda c: c.collect(tasks, "vime/Math-v0"))
+            >>> [(e.task_id, e.sample_index) for e in episodes]
+            [('t1', 0), ('t1', 1), ('t2', 0), ('t2', 1)]
         """
         return [ep for group in await self.collect_groups(tasks, env) for ep in group]
 
@@ -217,9 +223,10 @@ class Collector:
         """Like :meth:`collect`, one list per task (its group, by sample index); a task that
         :meth:`abort` kept from starting gets an empty list.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> [len(g) for g in await collector.collect_groups(tasks, env)]  # doctest: +SKIP
-            [8, 8]
+        Example (``with_collector``, ``tasks``: see :meth:`collect`):
+            >>> groups = with_collector(lambda c: c.collect_groups(tasks, "vime/Math-v0"))
+            >>> [len(g) for g in groups]
+            [2, 2]
         """
         groups: list[list[Episode]] = [[] for _ in tasks]
         async for k, ep in self._iterate(tasks, env):
@@ -233,9 +240,12 @@ class Collector:
         ends: (task index, group by sample index). A group that :meth:`abort` cut short
         comes at the end, with the episodes it has.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> async for k, group in collector.iter_groups(tasks, env):  # doctest: +SKIP
-            ...     write(tasks[k], group)
+        Example (``with_collector``, ``tasks``: see :meth:`collect`):
+            >>> async def sizes(collector):
+            ...     groups = collector.iter_groups(tasks, "vime/Math-v0")
+            ...     return sorted([(k, len(group)) async for k, group in groups])
+            >>> with_collector(sizes)
+            [(0, 2), (1, 2)]
         """
         groups: list[list[Episode]] = [[] for _ in tasks]
         async for k, ep in self._iterate(tasks, env):
@@ -254,9 +264,12 @@ class Collector:
 
         The RL loop re-plays episodes an engine lost, so that their GRPO group is complete.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> again = await collector.rerun(lost, tasks, "vime/Math-v0")  # doctest: +SKIP
-            >>> [e.group_id for e in again] == [e.group_id for e in lost]  # doctest: +SKIP
+        Example (``with_collector``, ``tasks``: see :meth:`collect`):
+            >>> async def play_twice(collector):
+            ...     lost = await collector.collect(tasks, "vime/Math-v0")
+            ...     return lost, await collector.rerun(lost, tasks, "vime/Math-v0")
+            >>> lost, again = with_collector(play_twice)
+            >>> [e.group_id for e in again] == [e.group_id for e in lost]
             True
         """
         by_id = {str(t["id"]): t for t in tasks if isinstance(t, dict) and "id" in t}
@@ -277,9 +290,11 @@ class Collector:
 
         Closing the iterator early cancels the episodes still running.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> async for ep in collector.stream(tasks, "vime/Math-v0"):  # doctest: +SKIP
-            ...     print(ep.status, ep.reward)
+        Example (``with_collector``, ``tasks``: see :meth:`collect`):
+            >>> async def task_ids(collector):
+            ...     return sorted([ep.task_id async for ep in collector.stream(tasks, "vime/Math-v0")])
+            >>> with_collector(task_ids)
+            ['t1', 't1', 't2', 't2']
         """
         async for _, ep in self._iterate(tasks, env):
             yield ep
@@ -289,9 +304,12 @@ class Collector:
     ) -> AsyncGenerator[list[Episode], None]:
         """Yield each task's group of ``n_samples`` episodes once all of them have finished.
 
-        Example (skipped as a doctest: it samples from a running vLLM server):
-            >>> async for group in collector.stream_groups(tasks, "vime/Math-v0"):  # doctest: +SKIP
-            ...     rewards = [ep.reward for ep in group]
+        Example (``with_collector``, ``tasks``: see :meth:`collect`):
+            >>> async def groups(collector):
+            ...     stream = collector.stream_groups(tasks, "vime/Math-v0")
+            ...     return sorted([[ep.task_id for ep in group] async for group in stream])
+            >>> with_collector(groups)
+            [['t1', 't1'], ['t2', 't2']]
         """
         pending: dict[str, list[Episode]] = {}
         async for _, ep in self._iterate(tasks, env):
@@ -380,8 +398,17 @@ class Collector:
     def abort(self) -> None:
         """Stop: start no new episodes; running ones end as ``aborted`` after their current turn.
 
-        Example (skipped as a doctest: ``collector`` is collecting from a running vLLM server):
-            >>> collector.abort()  # doctest: +SKIP
+        Example (one episode at a time, aborted once the first has finished: the second,
+        already started, ends; task ``t2`` never starts; ``with_collector``, ``tasks``: see
+        :meth:`collect`):
+            >>> async def first_then_abort(collector):
+            ...     played = []
+            ...     async for ep in collector.stream(tasks, "vime/Math-v0"):
+            ...         played.append(ep.task_id)
+            ...         collector.abort()
+            ...     return set(played)
+            >>> with_collector(first_then_abort, concurrency=1)
+            {'t1'}
         """
         self._abort.set()
 

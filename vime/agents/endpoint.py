@@ -34,10 +34,21 @@ waits for it to exit, and has the env grade the agent's last reply. Endings:
 - the engine unreachable: HTTP 503 and ``aborted`` (the reason that
   :func:`~vime.agents.episode.lost_to_engine` recognises); another engine error: ``error``.
 
-Example (skipped as a doctest: it needs a running vLLM server):
-    >>> endpoint = AgentEndpoint(PolicyClient.from_urls(url), model_dir)  # doctest: +SKIP
-    >>> await endpoint.start()  # doctest: +SKIP
-    >>> ep = await endpoint.run(["python", "examples/own_agent.py"], task, "vime/Math-v0")  # doctest: +SKIP
+Example (``engine_url``: a running vLLM server serving ``model_dir``; the agent is
+``examples/own_agent.py``, the openai SDK with one tool):
+    >>> import sys
+    >>> async def play(task):
+    ...     client = PolicyClient.from_urls(engine_url)
+    ...     config = EndpointConfig(sampling=SamplingParams(max_tokens=8))
+    ...     try:
+    ...         async with AgentEndpoint(client, model_dir, config) as endpoint:
+    ...             agent = [sys.executable, "examples/own_agent.py"]
+    ...             return await endpoint.run(agent, task, "vime/Math-v0")
+    ...     finally:
+    ...         await client.aclose()
+    >>> ep = asyncio.run(play({"id": "t1", "question": "1 + 1", "answer": "2"}))
+    >>> ep.task_id, ep.env_id, ep.metadata["own_agent"]
+    ('t1', 'vime/Math-v0', True)
 """
 
 from __future__ import annotations
@@ -173,10 +184,6 @@ class AgentEndpoint:
         client: the policy servers.
         tokenizer: a Hugging Face tokenizer with a chat template, or a folder to load one from.
         config: an :class:`EndpointConfig`.
-
-    Example (skipped as a doctest: it needs a running vLLM server):
-        >>> async with AgentEndpoint(client, model_dir) as endpoint:  # doctest: +SKIP
-        ...     ep = await endpoint.run(["python", "agent.py"], {"id": "t1"}, "vime/Math-v0")
     """
 
     def __init__(
@@ -310,11 +317,7 @@ class AgentEndpoint:
         index: int = 0,
         group: str = "",
     ) -> Episode:
-        """Play one episode with the agent ``command`` (see the module docstring).
-
-        Example (skipped as a doctest: it needs a running vLLM server):
-            >>> ep = await endpoint.run(["python", "agent.py"], {"id": "t1"}, "vime/Math-v0")  # doctest: +SKIP
-        """
+        """Play one episode with the agent ``command`` (see the module docstring)."""
         opened = await self.open(task, env, index=index, group=group)
         environ = {
             **os.environ,

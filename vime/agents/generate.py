@@ -29,12 +29,17 @@ The built-in env loop (:func:`play_env`) is one implementation of this interface
 ``agent.command`` (:class:`vime.agents.agent_command.AgentCommand`, an agent program
 run against vime's endpoint) is another, checked the same way.
 
-Example (a function that asks once and grades with the env):
-    >>> async def generate(ctx):  # doctest: +SKIP
+Example (a function that asks once and grades the answer itself; ``with_collector(f,
+generate=g)`` runs ``f(collector)`` with ``g`` playing every sample, on a running engine;
+``tasks``: 2 math tasks):
+    >>> async def generate(ctx):
     ...     chat = ctx.chat([{"role": "user", "content": ctx.task["question"]}])
     ...     out = await ctx.policy.generate(chat.request)
     ...     text = chat.add_sampled(out.token_ids, out.logprobs, out.versions)
     ...     return ctx.episode(chat, reward=float(ctx.task["answer"] in text))
+    >>> episodes = with_collector(lambda c: c.collect(tasks, "vime/Math-v0"), generate=generate)
+    >>> len(episodes), all(sum(e.loss_mask) > 0 for e in episodes)
+    (4, True)
 """
 
 from __future__ import annotations
@@ -84,9 +89,18 @@ class SampledPolicy:
     (``completions``) so that vime can check what the sample trains on. It serves the
     built-in loop too (:func:`play_env`), in place of the collector's client.
 
-    Example (skipped as a doctest: it needs a running vLLM server):
-        >>> out = await ctx.policy.generate(chat.request, max_tokens=64)  # doctest: +SKIP
-        >>> out.token_ids, out.logprobs, out.versions  # doctest: +SKIP
+    Example (``ctx.policy`` of a ``rollout.generate`` function; ``with_collector``,
+    ``tasks``: see the module docstring):
+        >>> seen = []
+        >>> async def generate(ctx):
+        ...     chat = ctx.chat([{"role": "user", "content": "2+3?"}])
+        ...     out = await ctx.policy.generate(chat.request, max_tokens=4)
+        ...     seen.append(len(out.token_ids) == len(out.logprobs) == len(out.versions) <= 4)
+        ...     chat.add_sampled(out.token_ids, out.logprobs, out.versions)
+        ...     return ctx.episode(chat)
+        >>> _ = with_collector(lambda c: c.collect(tasks[:1], "vime/Math-v0"), generate=generate)
+        >>> seen
+        [True, True]
     """
 
     def __init__(self, context: EpisodeContext, session: str) -> None:
@@ -121,11 +135,7 @@ class SampledPolicy:
 
 @dataclass
 class GenerateContext:
-    """What a ``rollout.generate`` function gets for one sample (see the module docstring).
-
-    Example (skipped as a doctest: the collector builds it, with a running vLLM server):
-        >>> chat = ctx.chat([{"role": "user", "content": "2+3?"}])  # doctest: +SKIP
-    """
+    """What a ``rollout.generate`` function gets for one sample (see the module docstring)."""
 
     task: dict[str, Any]
     index: int
@@ -153,9 +163,11 @@ class GenerateContext:
         figures) and given back, wiped, after the block. Its calls block: run them in a
         thread.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> async with ctx.sandbox() as sb:  # doctest: +SKIP
-            ...     out = await asyncio.to_thread(sb.exec, "python3 -c 'print(2+3)'", timeout=10)
+        Usage (no doctest: a running engine and a running dockerd at once), in a
+        ``rollout.generate`` function::
+
+            async with ctx.sandbox() as sb:
+                out = await asyncio.to_thread(sb.exec, "python3 -c 'print(2+3)'", timeout=10)
         """
         leased = await asyncio.to_thread(lease, config or SandboxConfig())
         try:
@@ -196,8 +208,11 @@ async def play_env(ctx: GenerateContext) -> Episode:
     """The built-in generation: the env loop of :mod:`vime.agents.episode` (reset, then
     turns of generate → parse → env step until the env ends the episode or a limit does).
 
-    Example (skipped as a doctest: it needs a running vLLM server and an env):
-        >>> episode = await play_env(ctx)  # doctest: +SKIP
+    Example (as ``rollout.generate``, the collector's default; ``with_collector``,
+    ``tasks``: see the module docstring):
+        >>> episodes = with_collector(lambda c: c.collect(tasks, "vime/Math-v0"), generate=play_env)
+        >>> [e.task_id for e in episodes]
+        ['t1', 't1', 't2', 't2']
     """
     # The loop samples through ctx.policy, so its completions are recorded as any
     # function's are (and checked when play_env is named in rollout.generate).
@@ -214,11 +229,7 @@ async def play_env(ctx: GenerateContext) -> Episode:
 
 async def run_generate(fn: GenerateFn, ctx: GenerateContext) -> Episode:
     """``fn(ctx)``, its Episode checked (:func:`check_sampled`); an exception inside the
-    function becomes an ``error`` (or ``aborted``) episode saying what happened.
-
-    Example (skipped as a doctest: it needs a running vLLM server):
-        >>> episode = await run_generate(my_generate, ctx)  # doctest: +SKIP
-    """
+    function becomes an ``error`` (or ``aborted``) episode saying what happened."""
     try:
         with TRACE.span("episode", str(ctx.task["id"]), sample=ctx.index):
             episode = await fn(ctx)

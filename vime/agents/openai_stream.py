@@ -62,11 +62,7 @@ def chunks(reply: dict[str, Any], *, include_usage: bool) -> Iterator[dict[str, 
 async def send_stream(
     request: web.Request, reply: dict[str, Any], *, include_usage: bool
 ) -> web.StreamResponse:
-    """Answer ``request`` with ``reply`` as server-sent events (see the module docstring).
-
-    Example (skipped as a doctest: it needs an aiohttp request):
-        >>> return await send_stream(request, reply, include_usage=True)  # doctest: +SKIP
-    """
+    """Answer ``request`` with ``reply`` as server-sent events (see the module docstring)."""
     response = web.StreamResponse(
         headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     )

@@ -375,9 +375,6 @@ class PolicyClient:
     ) -> Completion:
         """Sample one turn continuing ``prompt_ids`` on ``session``'s server (failing over
         to another server if that one is unavailable; see the module docstring).
-
-        Example (skipped as a doctest: it needs a running vLLM server):
-            >>> out = await client.generate(ids, SamplingParams(max_tokens=16), session="ep1")  # doctest: +SKIP
         """
         if not self._model:
             await self._fetch_model_card()
@@ -441,9 +438,6 @@ class PolicyClient:
     ) -> Completion:
         """One request to ``url`` with retries; EngineUnavailableError (and ``url`` marked
         down if ``mark_down``) once they are used up.
-
-        Example (skipped as a doctest: it needs a running vLLM server):
-            >>> out = await client._send(url, body, 3, mark_down=True)  # doctest: +SKIP
         """
         return (await self._send_all(url, body, prompt_len, mark_down=mark_down))[0]
 

@@ -98,9 +98,9 @@ def serve_adapter(url: str, folder: str | Path, name: str = "adapter") -> str:
     """Load the PEFT folder into the engine at ``url`` (started with :func:`lora_launch`)
     as ``name``; returns the name requests give as ``model``.
 
-    Example (skipped as a doctest: it needs an engine serving LoRA):
-        >>> serve_adapter("http://127.0.0.1:8000", "runs/r/weights/v000040")  # doctest: +SKIP
-        'adapter'
+    Usage (no doctest: it needs an engine started for LoRA, which the tests' shared engine
+    is not): ``serve_adapter("http://127.0.0.1:8000", "runs/r/weights/v000040")`` returns
+    ``'adapter'``.
     """
     from vime.engine.client import EngineClient
 

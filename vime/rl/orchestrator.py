@@ -19,13 +19,16 @@ Two orchestrators are built in:
 - :class:`~vime.rl.stream.RolloutStream` (``rollout.mode=async``): groups play without
   pause within the staleness bound; a step takes the first that finish.
 
-Example (skipped as a doctest: it needs a collector on a running engine):
-    >>> class OneAtATime(Orchestrator):  # doctest: +SKIP
+Example (one task at a time until two groups carry signal; the loop builds it with its
+context, a collector on the run's engines):
+    >>> class OneAtATime(Orchestrator):
     ...     async def take(self, version):
     ...         groups = []
     ...         while sum(g.has_signal(self.ctx.signal, version) for g in groups) < 2:
     ...             groups += await self.ctx.play([self.ctx.lend()])
     ...         return groups
+    >>> OneAtATime.take is not Orchestrator.take
+    True
 """
 
 from __future__ import annotations

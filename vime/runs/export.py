@@ -37,10 +37,9 @@ def export_checkpoint(run: Path, checkpoint: Path, dest: Path) -> Path:
     architecture (and tokenizer) of the run's newest export, else of the model it started
     from (``model.path``, or the tiny model when that is empty). Returns ``dest``.
 
-    Example (skipped as a doctest: it builds a trainer):
-        >>> export_checkpoint(Path("runs/r"), Path("runs/r/checkpoints/step_000002"),
-        ...                   Path("/tmp/r-step2"))  # doctest: +SKIP
-        PosixPath('/tmp/r-step2')
+    Usage (no doctest: it needs a run folder with a trainer checkpoint, minutes of a run):
+    ``export_checkpoint(Path("runs/r"), Path("runs/r/checkpoints/step_000002"),
+    Path("/tmp/r-step2"))`` returns ``PosixPath('/tmp/r-step2')``.
     """
     from omegaconf import OmegaConf
 
