@@ -162,13 +162,8 @@ class Sampler(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class EpisodeContext:
-    """What an episode uses but does not own (the collector's client, pool, abort flag…).
-
-    Example (skipped as a doctest: it needs a policy server and a tokenizer)::
-
-        >>> context = EpisodeContext(client, tok, config, get_parser("hermes"),  # doctest: +SKIP
-        ...                          pool, asyncio.Event(), budget=4096)
-    """
+    """What an episode uses but does not own (the collector's client, pool, abort flag…);
+    :class:`EpisodeRun`'s example makes one."""
 
     client: Sampler
     tokenizer: Any
@@ -180,12 +175,31 @@ class EpisodeContext:
 
 
 class EpisodeRun:
-    """One episode's state and steps; see the module docstring for the calling pattern.
+    r"""One episode's state and steps, in the module docstring's calling pattern.
 
-    Example (skipped as a doctest: it needs a policy server and an env)::
-
-        >>> run = EpisodeRun(context, {"id": "t1"}, 0, "t1:0a1b", factory)  # doctest: +SKIP
-        >>> ending = await run.start()  # doctest: +SKIP
+    Example (a scripted policy, every turn ``\boxed{4}``, on the math env):
+        >>> import vime
+        >>> from concurrent.futures import ThreadPoolExecutor
+        >>> from transformers import AutoTokenizer
+        >>> from vime.agents import CollectorConfig, get_parser
+        >>> from vime.models.tiny import build_tiny_model
+        >>> tok = AutoTokenizer.from_pretrained(build_tiny_model())
+        >>> class Four:  # a Sampler
+        ...     async def generate(self, prompt_ids, params, *, session, max_tokens=None):
+        ...         ids = [*tok.encode(r"\boxed{4}"), tok.eos_token_id]
+        ...         return Completion(ids, [-0.1] * len(ids), "stop", 0, "scripted")
+        ...     def release(self, session): pass
+        >>> context = EpisodeContext(Four(), tok, CollectorConfig(), get_parser("hermes"),
+        ...                          ThreadPoolExecutor(1), asyncio.Event(), budget=4096)
+        >>> async def play(run: EpisodeRun) -> Episode:
+        ...     ending = await run.start()
+        ...     while ending is None:
+        ...         ending = await run.turn()
+        ...     return await run.finish(ending)
+        >>> task = {"id": "t1", "question": "2 + 2", "answer": "4"}
+        >>> run = EpisodeRun(context, task, 0, "t1:0", lambda: vime.make("vime/Math-v0"))
+        >>> asyncio.run(play(run)).reward
+        1.0
     """
 
     def __init__(
@@ -219,28 +233,15 @@ class EpisodeRun:
     # ------------------------------------------------------------------ the three calls
 
     async def start(self) -> Ending | None:
-        """Build and reset the env, tokenize its opening messages; an Ending if that failed.
-
-        Example (skipped as a doctest: it needs a policy server and an env):
-            >>> ending = await run.start()  # doctest: +SKIP
-        """
+        """Build and reset the env, tokenize its opening messages; an Ending if that failed."""
         return await self._guard(self._start)
 
     async def turn(self) -> Ending | None:
-        """Play one turn: generate, parse, step the env, append; the Ending if it was the last.
-
-        Example (skipped as a doctest: it needs a policy server and an env):
-            >>> while (ending := await run.turn()) is None:  # doctest: +SKIP
-            ...     pass
-        """
+        """Play one turn: generate, parse, step the env, append; the Ending if it was the last."""
         return await self._guard(self._turn)
 
     async def finish(self, ending: Ending) -> Episode:
-        """Close the env (unless its last step did) and the chat; return the Episode.
-
-        Example (skipped as a doctest: it needs a policy server and an env):
-            >>> episode = await run.finish(ending)  # doctest: +SKIP
-        """
+        """Close the env (unless its last step did) and the chat; return the Episode."""
         self.context.client.release(self.uid)  # no more turns: the client forgets the session
         metrics: dict[str, float] = dict(self.env_metrics or {})
         if self.env is not None:
