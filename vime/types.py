@@ -229,8 +229,10 @@ class Episode:
     # The sampler of every sampled token (SamplingParams.sampler()): the trainer replays
     # its truncation. None (records written before it existed): the whole vocabulary.
     sampler: dict[str, float] | None = None
-    # Routing replay (MoE): per token, the experts the engine routed it to ([layer][k]),
-    # from the last request that computed it; [] where none did. None: not recorded.
+    # Routing replay (MoE): per token, the experts the engine routed it to ([layer][k]):
+    # a sampled token's from the pass that sampled it, any other token's from the latest
+    # request that computed it (vime.agents.routing_records); [] where none did. None:
+    # not recorded.
     routed_experts: list[list[list[int]]] | None = None
 
     def __post_init__(self) -> None:
