@@ -2,9 +2,10 @@
 
 Modules are found by walking the packages' folders (no list to keep): every ``.py`` under
 ``vime`` and ``vime.suites`` (the repository's ``envs/``). The sandbox modules' examples
-run against the project's dockerd, the rollout store's against its PostgreSQL, and the
-engine modules' and the disk weight sync's against the session's vLLM server (the root
-conftest's ``docker_host``, ``store_url`` and ``vllm_server`` start them), with the names
+(and the SWE and tools envs' preflight) run against the project's dockerd, the rollout
+store's against its PostgreSQL, and the engine modules' and the disk weight sync's against
+the session's vLLM server (the root conftest's ``docker_host``, ``store_url`` and
+``vllm_server`` start them), with the names
 of :func:`service_globals`; the trainer modules' get a new trainer on a random tiny model
 for each example that uses one (:func:`trainer_globals`). An example that cannot run here
 (a GPU, several hosts, minutes of training) is a ``Usage (no doctest: <why>):`` line
@@ -64,6 +65,8 @@ DOCKER = {
     "vime.sandbox.images",
     "vime.sandbox.leases",
     "vime.sandbox.pool",
+    "vime.suites.swe.env",
+    "vime.suites.tools.env",
 }
 STORE = {"vime.store.postgres"}
 ENGINE = {

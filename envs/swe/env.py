@@ -165,8 +165,10 @@ def _file_id(path: str) -> tuple[str, int, int]:
 def cached_task_file(path: str, config: SWEConfig) -> list[dict[str, Any]]:
     """:func:`load_task_file`, read once per process while the files are unchanged.
 
-    Example (skipped in doctests: it needs a task file on disk):
-        >>> cached_task_file("lite.parquet", SWEConfig(tasks_path="lite.parquet"))  # doctest: +SKIP
+    Example (the bundled held-out tasks: the second call reads nothing):
+        >>> path = "envs/swe/eval/heldout.jsonl"
+        >>> cached_task_file(path, SWEConfig()) is cached_task_file(path, SWEConfig())
+        True
     """
     c = config
     key = (
@@ -190,8 +192,9 @@ def load_task_file(path: str | Path, config: SWEConfig | None = None) -> list[di
     :func:`vime.suites.swe.swebench.load_swebench` with the ``config``'s ``repos_dir``,
     ``install_specs``, ``wheels_dir``, ``build_network``, ``image_source`` and ``registry``.
 
-    Example (skipped in doctests: it needs a task file on disk):
-        >>> load_task_file("my_tasks.jsonl")  # doctest: +SKIP
+    Example (the bundled held-out tasks, vime SWE records):
+        >>> load_task_file("envs/swe/eval/heldout.jsonl")[0]["id"]
+        'heldout-clamp-upper'
     """
     from vime.errors import DataError
 
@@ -253,8 +256,8 @@ class SWEEnv(ToolEnv):
     def preflight(self) -> None:
         """Every SWE episode runs in a sandbox: Docker must answer on every host.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> SWEEnv().preflight()  # doctest: +SKIP
+        Example (the doctests' ``DOCKER_HOST`` is the project's dockerd, which answers):
+            >>> SWEEnv().preflight()
         """
         from vime.sandbox.client import check_docker
 

@@ -136,8 +136,8 @@ class ToolsEnv(ToolEnv):
     def preflight(self) -> None:
         """A workspace tool (python, read_file, ...) runs in a sandbox: Docker must answer.
 
-        Example (skipped as a doctest: it needs a running dockerd):
-            >>> ToolsEnv(tools=["python"]).preflight()  # doctest: +SKIP
+        Example (the doctests' ``DOCKER_HOST`` is the project's dockerd, which answers):
+            >>> ToolsEnv(tools=["python"]).preflight()
         """
         sandboxed = [t.name for t in self._offered if t.takes_ctx]
         if sandboxed:

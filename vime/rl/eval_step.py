@@ -41,9 +41,19 @@ async def evaluate(
     training's: ``rollout.reward`` and ``rollout.group_reward`` when set; ``generate``
     (:func:`eval_generate`) plays each episode in place of the env loop.
 
-    Example (skipped as a doctest: it needs a running vLLM server):
-        >>> (await evaluate(policy, model_dir, cfg, tasks, run.root, 10))["eval/pass@1"]  # doctest: +SKIP
-        0.75
+    Example (``engine_url``: a running vLLM server serving ``model_dir``; ``tasks``: 2
+    math tasks; the report files to ``tmp/eval/step_000010``):
+        >>> from vime.conf.compose import load_config
+        >>> cfg = load_config(["rollout.collector.sampling.max_tokens=8"])
+        >>> async def run_eval():
+        ...     policy = PolicyClient.from_urls(engine_url)
+        ...     try:
+        ...         return await evaluate(policy, Path(model_dir), cfg, tasks, tmp, 10)
+        ...     finally:
+        ...         await policy.aclose()
+        >>> import asyncio
+        >>> 0 <= asyncio.run(run_eval())["eval/pass@1"] <= 1, (tmp / "eval/step_000010").is_dir()
+        (True, True)
     """
     suite = training_suite(cfg)
     meta = {"checkpoint": str(model_dir), "step": step, "created": now()}

@@ -25,8 +25,8 @@ lent tasks again under their old draw numbers, which finds their groups instead 
 playing them twice. Delivery is at least once (a worker whose lease expired plays a task
 again), training exactly once (one group per draw, one step per group).
 
-Example (skipped as a doctest: it needs a server and workers):
-    >>> factory = functools.partial(StoreOrchestrator, store=PgStore(url, "run-a"))  # doctest: +SKIP
+Usage (no doctest: a run with a rollout server and its workers): the loop's orchestrator
+factory ``functools.partial(StoreOrchestrator, store=PgStore(url, "run-a"))``.
 """
 
 from __future__ import annotations
