@@ -2,7 +2,7 @@
 
 Modules are found by walking the packages' folders (no list to keep): every ``.py`` under
 ``vime`` and ``vime.suites`` (the repository's ``envs/``). The sandbox modules' examples
-(and the SWE and tools envs' preflight) run against the project's dockerd, the rollout
+(and the SWE, tools and Harbor envs') run against the project's dockerd, the rollout
 store's against its PostgreSQL, and the engine modules' and the disk weight sync's against
 the session's vLLM server (the root conftest's ``docker_host``, ``store_url`` and
 ``vllm_server`` start them), with the names
@@ -65,6 +65,9 @@ DOCKER = {
     "vime.sandbox.images",
     "vime.sandbox.leases",
     "vime.sandbox.pool",
+    "vime.suites.harbor.dockerfile",
+    "vime.suites.harbor.env",
+    "vime.suites.harbor.verifier",
     "vime.suites.swe.env",
     "vime.suites.tools.env",
 }

@@ -171,8 +171,8 @@ def build_task_image(dockerfile: Path, *, host: str | None = None) -> tuple[str,
     Built once per process and Dockerfile (and once per content on the host: layers are
     cached by :func:`vime.sandbox.build_layered_image`).
 
-    Example (skipped in doctests: it needs the project's dockerd):
-        >>> build_task_image(Path("envs/harbor/tasks/count-words/environment/Dockerfile"))  # doctest: +SKIP
+    Example (on the doctests' ``DOCKER_HOST``, the project's dockerd):
+        >>> build_task_image(Path("envs/harbor/tasks/count-words/environment/Dockerfile"))
         ('vime/layer:...', DockerfilePlan(...))
     """
     key = (str(dockerfile.resolve()), host or "", dockerfile.stat().st_mtime_ns)

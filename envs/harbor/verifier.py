@@ -93,9 +93,18 @@ def _read(sandbox: Any, path: str) -> str | None:
 def verify(sandbox: Any, task: HarborTask) -> Verdict:
     """Grade the agent's sandbox with the task's tests (see the module's steps).
 
-    Example (skipped in doctests: it needs a sandbox of the task's image):
-        >>> verify(sandbox, task).reward  # doctest: +SKIP
-        1.0
+    Example (an untouched sandbox of ``count-words``'s image, on the doctests'
+    ``DOCKER_HOST``: its tests fail):
+        >>> from vime.sandbox import DockerSandbox, SandboxConfig
+        >>> from vime.suites.harbor.dockerfile import build_task_image
+        >>> from vime.suites.harbor.task import load_task
+        >>> task = load_task("envs/harbor/tasks/count-words")
+        >>> tag, plan = build_task_image(task.dockerfile)
+        >>> config = SandboxConfig(image=tag, read_only=False, user="0:0", env=plan.env)
+        >>> with DockerSandbox(config) as sandbox:
+        ...     verdict = verify(sandbox, task)
+        >>> verdict.reward, verdict.status
+        (0.0, 'failed')
     """
     start = time.monotonic()
     killed = sandbox.exec(["/bin/sh", "-c", KILL_ALL_SCRIPT], timeout=30.0)
