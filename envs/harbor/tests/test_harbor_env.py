@@ -69,9 +69,15 @@ def labelled_env(docker_host):
         labels={"vime.env": "harbor", "vime.test": tag},
         docker_hosts=[docker_host],
     )
-    env = vime.make("vime/Harbor-v0", sandbox=sandbox)
-    yield env
-    env.close()
+    made = []
+
+    def make(**kwargs):
+        made.append(vime.make("vime/Harbor-v0", sandbox=sandbox, **kwargs))
+        return made[-1]
+
+    yield make
+    for env in made:
+        env.close()
     close_pools()  # warm pooled sandboxes live until their pool is closed
     left = docker.DockerClient(base_url=docker_host).containers.list(
         all=True, filters={"label": f"vime.test={tag}"}
@@ -80,22 +86,32 @@ def labelled_env(docker_host):
 
 
 def test_every_solution_scores_1_and_doing_nothing_0(labelled_env):
+    env = labelled_env()
     for task in TASKS:
-        reward, info = _play(labelled_env, task, _solve_command(task))
+        reward, info = _play(env, task, _solve_command(task))
         assert "solved" in info["tool_output"], info
         assert (reward, info["status"]) == (1.0, "passed"), info
-        reward, info = _play(labelled_env, task, "true")
+        reward, info = _play(env, task, "true")
         assert (reward, info["status"]) == (0.0, "failed"), info
-    metrics = labelled_env.episode_metrics()
+    metrics = env.episode_metrics()
     assert metrics["failed"] == 1.0 and metrics["sandbox_used"] == 1.0
 
 
+def test_the_turn_limit_truncates_and_still_grades(labelled_env):
+    env = labelled_env(max_turns=1)
+    task = TASKS[2]  # greeting-file: its image comes from ENV + RUN
+    env.reset(options={"task": task.name})
+    _, reward, terminated, truncated, info = env.step(_bash(_solve_command(task)))
+    assert (reward, terminated, truncated, info["truncated_by"]) == (1.0, False, True, "max_turns")
+
+
 def test_a_planted_reward_scores_0(labelled_env):
+    env = labelled_env()
     for task in TASKS:
-        reward, info = _play(labelled_env, task, PLANT)
+        reward, info = _play(env, task, PLANT)
         assert "planted" in info["tool_output"], info
         assert (reward, info["status"]) == (0.0, "failed"), info
     # The same plant beside a real solution: the task's own tests still decide (1.0).
     task = TASKS[0]
-    reward, info = _play(labelled_env, task, f"{PLANT} && {_solve_command(task)}")
+    reward, info = _play(env, task, f"{PLANT} && {_solve_command(task)}")
     assert (reward, info["status"]) == (1.0, "passed"), info
