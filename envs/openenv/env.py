@@ -11,10 +11,10 @@ of :mod:`vime.suites.openenv.server` is started in this process on first use.
 Needs ``openenv-core`` (``pip install 'vime[openenv]'``); without it, making the env
 raises an ImportError that says so.
 
-Example (skipped in doctests where openenv is not installed):
-    >>> env = OpenEnvEnv()  # doctest: +SKIP
-    >>> msgs, info = env.reset(options={"task": {"id": "seed-3", "seed": 3}})  # doctest: +SKIP
-    >>> msgs[-1]["content"][:15]  # doctest: +SKIP
+Example (tests/test_doctests.py skips it where openenv is not installed):
+    >>> env = OpenEnvEnv()
+    >>> msgs, info = env.reset(options={"task": {"id": "seed-3", "seed": 3}})
+    >>> msgs[-1]["content"][:15]
     'Guess my number'
 """
 
@@ -73,8 +73,8 @@ _bundled_lock = threading.Lock()
 def bundled_server_url() -> str:
     """The URL of the bundled guess server, started in this process on first call.
 
-    Example (skipped in doctests where openenv is not installed):
-        >>> bundled_server_url()  # doctest: +SKIP
+    Example (tests/test_doctests.py skips it where openenv is not installed):
+        >>> bundled_server_url()
         'http://127.0.0.1:...'
     """
     from .server import serve
@@ -103,8 +103,8 @@ class OpenEnvEnv(Env):
         config: an :class:`OpenEnvConfig` (or a dict of its fields); defaults if omitted.
         **overrides: fields of :class:`OpenEnvConfig` (what ``vime.make(id, **kw)`` passes).
 
-    Example (skipped in doctests where openenv is not installed):
-        >>> OpenEnvEnv().config.observation_key  # doctest: +SKIP
+    Example (tests/test_doctests.py skips it where openenv is not installed):
+        >>> OpenEnvEnv().config.observation_key
         'text'
     """
 

@@ -8,11 +8,11 @@ each step's action is ``{"message": "<text>"}`` and the observation's ``text`` s
 
 Needs ``openenv-core`` (``pip install 'vime[openenv]'``).
 
-Example (skipped in doctests where openenv is not installed):
-    >>> url, stop = serve()  # doctest: +SKIP
-    >>> url  # doctest: +SKIP
+Example (tests/test_doctests.py skips it where openenv is not installed):
+    >>> url, stop = serve()
+    >>> url
     'http://127.0.0.1:...'
-    >>> stop()  # doctest: +SKIP
+    >>> stop()
 """
 
 from __future__ import annotations
@@ -92,8 +92,8 @@ def _app() -> Any:
 def serve(host: str = "127.0.0.1", port: int = 0) -> tuple[str, Callable[[], None]]:
     """Start the server in a daemon thread; its URL and a function that stops it.
 
-    Example (skipped in doctests where openenv is not installed):
-        >>> url, stop = serve(); stop()  # doctest: +SKIP
+    Example (tests/test_doctests.py skips it where openenv is not installed):
+        >>> url, stop = serve(); stop()
     """
     import uvicorn
 
