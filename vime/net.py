@@ -11,19 +11,58 @@ Example:
 
 from __future__ import annotations
 
+import random
 import secrets
 import socket
 import threading
 from collections.abc import Iterable
+from pathlib import Path
+
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""Where Linux keeps the ports it gives outgoing connections (and ``bind(0)``)."""
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The kernel's ephemeral port range (Linux's default where it cannot be read).
+
+    Example:
+        >>> low, high = ephemeral_ports()
+        >>> 1024 <= low < high <= 65535
+        True
+    """
+    try:
+        low, high = (int(x) for x in EPHEMERAL_RANGE.read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago (the OS picks it).
+    """A TCP port free on ``host`` now, picked at random below the ephemeral range.
+
+    The port goes to a server that binds it seconds later (vLLM, after its imports). A
+    port from ``bind(0)`` lies in the ephemeral range, where any outgoing connection of the
+    machine may take it meanwhile: a test's engine once died "Address already in use"
+    that way, beside another test worker's traffic. Below the range only another bind can
+    take it, and a random pick makes two launchers meeting unlikely. Where the range
+    leaves too little room below it, the OS picks.
 
     Example:
-        >>> 0 < free_port("127.0.0.1") < 65536
+        >>> port = free_port("127.0.0.1")
+        >>> 1024 <= port < ephemeral_ports()[0]
         True
     """
+    low = ephemeral_ports()[0]
+    pick = random.SystemRandom()
+    if low - 1024 >= 4096:
+        for _ in range(64):
+            port = pick.randrange(max(1024, low - 12000), low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
