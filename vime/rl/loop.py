@@ -1,7 +1,8 @@
 """The RL loop: collect → advantages → train → sync weights → eval → checkpoint.
 
-:func:`train` is the whole loop in one readable function; the helpers below it do one
-thing each, and :mod:`vime.rl.setup` sets the run up. ``vime-agent train`` calls
+:func:`train` sets the loop up and runs it; ``_Steps.run_step`` is one step written out
+(rollout, learn, sync, eval, metrics row, checkpoint, curves); the helpers below it do
+one thing each, and :mod:`vime.rl.setup` sets the run up. ``vime-agent train`` calls
 :func:`main`.
 
 Data safety: every step's episodes go to the run's :class:`~vime.buffer.DataBuffer`
@@ -21,10 +22,12 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -130,49 +133,98 @@ def train(cfg: TrainConfig) -> TrainResult:
         metrics_log, buffer = _run_writers(cfg, run, fleet.urls, cleanup, start)
         engines, policy, sync = engine_clients(cfg, fleet, group, run, start, external)
         cleanup.enter_context(run_stall_watch(cfg, run.root, fleet.urls))  # watchdog.stall_s
-        launched = [e for e in engines if e.url in fleet.launched]
-        version = start
         runner = _rollouts(cfg, plays, policy, model_dir, buffer, tasks, sync, cleanup)
-        runner.save = lambda s: checkpoint(run, group, tasks, s)  # Ctrl-C saves the last step
+        save = functools.partial(checkpoint, run, group, tasks)  # save(step)
+        runner.save = save  # Ctrl-C saves the last step
         evaluated = evaluation(cfg, policy, model_dir, held_out, run.root, cleanup)
         curves = LiveCurves(metrics_log.read, run.plot, f"vime: {cfg.env.id}") if cfg.plot else None
-
+        steps = _Steps(
+            cfg=cfg,
+            group=group,
+            save=save,
+            held_out=held_out,
+            runner=runner,
+            evaluated=evaluated,
+            engines=engines,
+            launched=[e for e in engines if e.url in fleet.launched],
+            colocated=ranks.layout.colocated,
+            sync=sync,
+            metrics_log=metrics_log,
+            console=console,
+            curves=curves,
+            version=start,
+        )
         if start == 0 and cfg.eval_every and held_out:  # the baseline the curve starts from
-            baseline = runner.run(evaluated(step=0))
-            metrics_log.write(0, baseline)
-            console.baseline(baseline)
+            steps.baseline()
         for step in range(start + 1, cfg.steps + 1):
-            t0 = metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
-            episodes, rollout_stats = runner.step_episodes(step, version)
-            t1 = time.perf_counter()
-            with asleep(launched, enabled=ranks.layout.colocated):  # the GPUs go to the trainer
-                learn_stats = _learn(group, episodes, cfg, version, step)
-            t2 = time.perf_counter()
-            version = step
-            sync_stats = TRACE.call("weight_sync", sync.sync, version)
-            t3 = time.perf_counter()
-            row = {
-                **rollout_stats,
-                **learn_stats,
-                **sync_stats,
-                **_step_times(t0, t1, t2, t3),
-                "weight_version": _fleet_version(engines, version),
-            }
-            if cfg.eval_every and (step % cfg.eval_every == 0 or step == cfg.steps) and held_out:
-                row.update(runner.run(evaluated(step=step)))
-            # The row before the checkpoint: a kill between the two loses no row (the
-            # resumed run trains the step again and supersedes it).
-            metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
-            if (cfg.save_every and step % cfg.save_every == 0) or step == cfg.steps:
-                checkpoint(run, group, tasks, step)
-            console.step(step, row)
-            if curves:
-                curves.step(row, last=step == cfg.steps)
+            steps.run_step(step)
     console.done()
     return TrainResult(run.root, cfg.steps, metrics_log.read())
 
 
 # ---------------------------------------------------------------- the loop's helpers
+
+
+@dataclass
+class _Steps:
+    """(Rank 0.) One training step after another, from the parts :func:`train` set up:
+    rollout, learn, weight sync, eval, metrics row, checkpoint, curves.
+
+    ``version`` is the weight version the next step's rollouts play (the step it resumed
+    from, then the last step trained).
+    """
+
+    cfg: TrainConfig
+    group: TrainerGroup
+    save: Callable[[int], None]  # writes step's checkpoint
+    held_out: list[dict[str, Any]]
+    runner: Rollouts
+    evaluated: functools.partial[Coroutine[Any, Any, dict[str, float]]]
+    engines: list[EngineClient]
+    launched: list[EngineClient]  # the engines vime launched: asleep while it trains
+    colocated: bool
+    sync: WeightSync
+    metrics_log: StepRecorder
+    console: StepConsole
+    curves: LiveCurves | None
+    version: int
+
+    def baseline(self) -> None:
+        """The step-0 eval, before any training: the point the eval curve starts from."""
+        baseline = self.runner.run(self.evaluated(step=0))
+        self.metrics_log.write(0, baseline)
+        self.console.baseline(baseline)
+
+    def run_step(self, step: int) -> None:
+        """Train step ``step``: its row is written before its checkpoint."""
+        cfg = self.cfg
+        t0 = self.metrics_log.begin(step)  # (+ vLLM's profiler on trace.vllm_profile_step)
+        episodes, rollout_stats = self.runner.step_episodes(step, self.version)
+        t1 = time.perf_counter()
+        with asleep(self.launched, enabled=self.colocated):  # the GPUs go to the trainer
+            learn_stats = _learn(self.group, episodes, cfg, self.version, step)
+        t2 = time.perf_counter()
+        self.version = step
+        sync_stats = TRACE.call("weight_sync", self.sync.sync, self.version)
+        t3 = time.perf_counter()
+        row = {
+            **rollout_stats,
+            **learn_stats,
+            **sync_stats,
+            **_step_times(t0, t1, t2, t3),
+            "weight_version": _fleet_version(self.engines, self.version),
+        }
+        last = step == cfg.steps
+        if cfg.eval_every and (step % cfg.eval_every == 0 or last) and self.held_out:
+            row.update(self.runner.run(self.evaluated(step=step)))
+        # The row before the checkpoint: a kill between the two loses no row (the
+        # resumed run trains the step again and supersedes it).
+        self.metrics_log.write(step, row, episodes, version=step - 1)  # + per env, spans
+        if (cfg.save_every and step % cfg.save_every == 0) or last:
+            self.save(step)
+        self.console.step(step, row)
+        if self.curves:
+            self.curves.step(row, last=last)
 
 
 def _rollouts(
