@@ -1,9 +1,18 @@
-"""Deterministic random samples for trainer tests."""
+"""Samples for trainer tests: deterministic random ones, and completions an engine sampled.
+
+Example:
+    >>> [len(s.tokens) for s in random_samples(3, vocab=100, seed=1)]
+    [10, 24, 18]
+"""
 
 from __future__ import annotations
 
 import random
+from typing import NamedTuple
 
+import openai
+
+from vime.engine import VLLMServer
 from vime.types import Sample
 
 
@@ -54,3 +63,40 @@ def greedy_samples(
                 )
             )
     return out
+
+
+class EngineCompletion(NamedTuple):
+    """What :func:`engine_completion` returns."""
+
+    id: str  # the request's id, e.g. to ask the engine what it recorded for it
+    token_ids: list[int]  # the sampled ids, as the engine returned them
+    logprobs: list[float]  # the engine's log-prob of each
+
+
+def engine_completion(
+    server: VLLMServer, prompt: list[int], *, seed: int, max_tokens: int, **truncation: float
+) -> EngineCompletion:
+    """One seeded completion of the token-id ``prompt`` at temperature 1, exactly
+    ``max_tokens`` long (EOS ignored), its ids taken as sampled (``return_token_ids``),
+    never re-tokenized. ``truncation``: e.g. ``top_p=0.9, top_k=20``.
+
+    Usage (needs an engine): ``engine_completion(server, [1, 2, 3], seed=0, max_tokens=8)``
+    has 8 ``token_ids`` and 8 ``logprobs``.
+    """
+    client = openai.OpenAI(base_url=server.openai_base_url, api_key="none")
+    response = client.completions.create(
+        model=server.model_name,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=1.0,
+        logprobs=1,
+        seed=seed,
+        extra_body={"return_token_ids": True, "ignore_eos": True, **truncation},
+    )
+    choice = response.choices[0]
+    assert choice.logprobs is not None and choice.logprobs.token_logprobs is not None
+    return EngineCompletion(
+        response.id,
+        list((choice.model_extra or {})["token_ids"]),
+        list(choice.logprobs.token_logprobs),
+    )

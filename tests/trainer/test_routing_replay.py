@@ -16,7 +16,6 @@ import itertools
 import shutil
 from functools import partial
 
-import openai
 import pytest
 import torch
 
@@ -24,6 +23,7 @@ import vime
 from tests._fakes import ToolTurnsEnv
 from tests.agents._scripted_client import ScriptedClient
 from tests.trainer._trainer_models import hf_config
+from tests.trainer._trainer_samples import engine_completion
 from vime.agents import Collector, CollectorConfig
 from vime.engine import EngineClient, EngineConfig, VLLMServer, is_vllm_cpu
 from vime.engine.routed_experts import decode, launch
@@ -83,24 +83,15 @@ def engine(moe_engine):
 def _complete(server, prompt: list[int], seed: int, max_tokens: int):
     """One completion of ``prompt``: its ids, the engine's log-probs of them, and the rows
     the engine recorded for the request (one per input token)."""
-    client = openai.OpenAI(base_url=server.openai_base_url, api_key="none")
-    response = client.completions.create(
-        model=server.model_name,
-        prompt=prompt,
-        max_tokens=max_tokens,
-        temperature=1.0,
-        logprobs=1,
-        seed=seed,
-        extra_body={"return_token_ids": True, "ignore_eos": True},
+    completion_id, completion, logprobs = engine_completion(
+        server, prompt, seed=seed, max_tokens=max_tokens
     )
-    choice = response.choices[0]
-    completion = list((choice.model_extra or {})["token_ids"])
     engine = EngineClient(server.url)
-    routed = engine.collective_rpc("vime_routed_experts", {"completion_id": response.id})[0]
+    routed = engine.collective_rpc("vime_routed_experts", {"completion_id": completion_id})[0]
     rows = decode(routed["0"])
     assert rows.shape[0] == len(prompt) + len(completion) - 1  # every input token but the last
     assert (rows >= 0).all()  # no prefix cache: every prompt token computed here
-    return completion, list(choice.logprobs.token_logprobs), rows.tolist()
+    return completion, logprobs, rows.tolist()
 
 
 def _sample(server, seeds) -> list[Sample]:

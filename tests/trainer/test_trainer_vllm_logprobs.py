@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import openai
 import pytest
 from transformers import AutoTokenizer
 
+from tests.trainer._trainer_samples import engine_completion
 from vime.engine import is_vllm_cpu
 from vime.trainer.step import Trainer, TrainerConfig
 from vime.types import Sample, SamplingParams
@@ -15,25 +15,10 @@ from vime.types import Sample, SamplingParams
 @pytest.mark.slow
 def test_trainer_logprobs_match_vllm_server_at_t1(vllm_server, tiny_model_dir, dist1):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    client = openai.OpenAI(base_url=vllm_server.openai_base_url, api_key="none")
     samples = []
     for i, question in enumerate(["What is 3+4?", "What is 27+58?", "Write a haiku.", "Say hi"]):
-        text = tok.apply_chat_template(
-            [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
-        )
-        prompt = list(tok(text, add_special_tokens=False)["input_ids"])
-        resp = client.completions.create(
-            model=vllm_server.model_name,
-            prompt=prompt,
-            max_tokens=32,
-            temperature=1.0,
-            logprobs=1,
-            seed=i,
-            extra_body={"return_token_ids": True, "ignore_eos": True},
-        )
-        choice = resp.choices[0]
-        completion = list((choice.model_extra or {})["token_ids"])
-        server_lps = list(choice.logprobs.token_logprobs)
+        prompt = _chat_prompt(tok, question)
+        _, completion, server_lps = engine_completion(vllm_server, prompt, seed=i, max_tokens=32)
         assert len(completion) == len(server_lps) == 32
         samples.append(
             Sample(
@@ -81,34 +66,21 @@ def test_trainer_replays_truncated_samplers(vllm_server, tiny_model_dir, dist1):
     ``sampler_replay`` (the default) within the untruncated gap; over the whole vocabulary
     (``sampler_replay=false``) far off, which is what the replay fixes."""
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    client = openai.OpenAI(base_url=vllm_server.openai_base_url, api_key="none")
     samples: dict[str, list[Sample]] = {}
     for name, truncation in SAMPLERS.items():
         params = SamplingParams(temperature=1.0, **truncation)
         samples[name] = []
         for i, question in enumerate(["What is 3+4?", "Write a haiku.", "Say hi"]):
-            text = tok.apply_chat_template(
-                [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+            prompt = _chat_prompt(tok, question)
+            truncated = {k: v for k, v in params.sampler().items() if k != "temperature"}
+            _, completion, lps = engine_completion(
+                vllm_server, prompt, seed=i, max_tokens=32, **truncated
             )
-            prompt = list(tok(text, add_special_tokens=False)["input_ids"])
-            extra = {k: v for k, v in params.sampler().items() if k in ("top_k", "min_p")}
-            resp = client.completions.create(
-                model=vllm_server.model_name,
-                prompt=prompt,
-                max_tokens=32,
-                temperature=1.0,
-                top_p=params.top_p,
-                logprobs=1,
-                seed=i,
-                extra_body={"return_token_ids": True, "ignore_eos": True, **extra},
-            )
-            choice = resp.choices[0]
-            completion = list((choice.model_extra or {})["token_ids"])
             samples[name].append(
                 Sample(
                     tokens=prompt + completion,
                     loss_mask=[0] * len(prompt) + [1] * len(completion),
-                    rollout_logprobs=[0.0] * len(prompt) + list(choice.logprobs.token_logprobs),
+                    rollout_logprobs=[0.0] * len(prompt) + lps,
                     sampler=params.sampler(),
                 )
             )
@@ -128,6 +100,14 @@ def test_trainer_replays_truncated_samplers(vllm_server, tiny_model_dir, dist1):
             assert mean < 3e-3, name
         else:  # H100, vLLM 0.26: 9.6e-5 to 1.0e-4 mean, as untruncated
             assert mean < 1e-3 and worst < 1e-2, name
+
+
+def _chat_prompt(tok, question: str) -> list[int]:
+    """The token ids of ``question`` as a user turn, ready for the assistant's answer."""
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": question}], add_generation_prompt=True, tokenize=False
+    )
+    return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
 def _gap(trainer: Trainer, samples: list[Sample]) -> tuple[float, float]:
