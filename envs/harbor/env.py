@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.config import require
+from vime.envs.env_config import env_config
 from vime.envs.toolkit import ToolContext, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
 from vime.sandbox import SandboxConfig
@@ -120,10 +121,7 @@ class HarborEnv(ToolEnv):
     def __init__(
         self, config: HarborConfig | dict[str, Any] | None = None, **overrides: Any
     ) -> None:
-        if isinstance(config, dict):
-            config = HarborConfig(**config)
-        base = config or HarborConfig()
-        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        self.config = env_config(HarborConfig, config, overrides)
         super().__init__(Toolset([t for t in SWE_TOOLS if t.name in self.config.tools]))
         self._by_name = {t.name: t for t in _tasks(self.config.tasks_path)}
         self._harbor: HarborTask | None = None

@@ -21,7 +21,6 @@ Example (tests/test_doctests.py skips it where openenv is not installed):
 from __future__ import annotations
 
 import atexit
-import dataclasses
 import json
 import threading
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ from typing import Any
 
 from vime.config import require
 from vime.envs.base import Env
+from vime.envs.env_config import env_config
 from vime.errors import EnvError
 from vime.types import Action, Message
 
@@ -112,10 +112,7 @@ class OpenEnvEnv(Env):
         self, config: OpenEnvConfig | dict[str, Any] | None = None, **overrides: Any
     ) -> None:
         super().__init__()
-        if isinstance(config, dict):
-            config = OpenEnvConfig(**config)
-        base = config or OpenEnvConfig()
-        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        self.config = env_config(OpenEnvConfig, config, overrides)
         try:
             from openenv.core.generic_client import GenericEnvClient
         except ImportError as err:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from vime.config import require
+from vime.envs.env_config import env_config
 from vime.envs.tool_context import ToolContext
 from vime.envs.toolkit import ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
@@ -240,10 +241,7 @@ class SWEEnv(ToolEnv):
     """
 
     def __init__(self, config: SWEConfig | dict[str, Any] | None = None, **overrides: Any) -> None:
-        if isinstance(config, dict):
-            config = SWEConfig(**config)
-        base = config or SWEConfig()
-        self.config = dataclasses.replace(base, **overrides) if overrides else base
+        self.config = env_config(SWEConfig, config, overrides)
         super().__init__(Toolset([t for t in SWE_TOOLS if t.name in self.config.tools]))
         self._swe_task: SWETask | None = None
         self._base = ""

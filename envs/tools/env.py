@@ -30,6 +30,7 @@ from typing import Any
 
 from vime.config import require
 from vime.envs.answers import extract_boxed
+from vime.envs.env_config import env_config
 from vime.envs.tool_context import ToolContext
 from vime.envs.toolkit import Tool, ToolEnv, Toolset, tool_message
 from vime.errors import EnvError
@@ -126,10 +127,7 @@ class ToolsEnv(ToolEnv):
         extra_tools: list[Tool] | tuple[Tool, ...] = (),
         **overrides: Any,
     ) -> None:
-        if isinstance(config, dict):
-            config = ToolsConfig(**config)
-        base = config or ToolsConfig()
-        self.config = ToolsConfig(**{**base.__dict__, **overrides}) if overrides else base
+        self.config = env_config(ToolsConfig, config, overrides)
         self._offered = [BUILTINS[name] for name in self.config.tools] + list(extra_tools)
         super().__init__(Toolset(self._offered))
 
