@@ -32,7 +32,9 @@ seconds; default 120, 0 turns the watch off).
 per-task differences to ``A`` (default out: ``eval-compare``).
 
 A crashed env, a dead sandbox or a lost engine ends its episode with a reason: the row
-shows it and the suite still completes. The RL loop's eval step
+shows it and the suite still completes. Episodes an engine lost are played again once an
+engine answers; eval restarts an engine it launched, never one attached by URL
+(:mod:`vime.eval.lost_engines`). The RL loop's eval step
 (:func:`vime.rl.eval_step.evaluate`) writes the same metrics (``eval/pass@1``,
 ``eval/reward``, ...) and the same report files, its episodes played by the run's
 ``rollout.generate`` function or ``agent.command`` when set.
@@ -60,7 +62,6 @@ from typing import Any
 import vime.envs as envs
 from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
-from vime.agents.episode import lost_to_engine
 from vime.agents.generate import GenerateFn, load_generate
 from vime.agents.policy_client import PolicyClient
 from vime.agents.rewards import Rewards
@@ -72,6 +73,7 @@ from vime.engine.serve import serve_engine
 from vime.envs.tasks import Task
 from vime.errors import ConfigError
 from vime.eval.checkpoint import Checkpoint, resolve_checkpoint
+from vime.eval.lost_engines import LostEngines, replay_lost, restarter
 from vime.eval.report import (
     build_report,
     compare_markdown,
@@ -109,13 +111,6 @@ def check_envs(suite: Suite) -> None:
             ) from err
 
 
-ENGINE_RETRIES = 3
-"""Rounds in which a set plays again the episodes an engine lost (killed, hung)."""
-
-ENGINE_WAIT_S = 120.0
-"""How long each such round waits for an engine to answer ``/health`` again first."""
-
-
 async def _run_set(
     policy: PolicyClient,
     tokenizer: Any,
@@ -123,6 +118,7 @@ async def _run_set(
     tasks: list[Task],
     rewards: Rewards | None,
     generate: GenerateFn | None,
+    engines: LostEngines,
 ) -> tuple[list[Episode], float, int]:
     """Every task of one set ``n_samples`` times; returns the episodes, the wall time and
     how many episodes were played again because an engine lost them."""
@@ -132,53 +128,10 @@ async def _run_set(
     t0 = time.perf_counter()
     try:
         episodes = await collector.collect(tasks, maker)
-        retried = await _replay_lost(policy, collector, tasks, maker, episodes, s.name)
+        retried = await replay_lost(policy, collector, tasks, maker, episodes, s.name, engines)
     finally:
         collector.close()
     return episodes, time.perf_counter() - t0, retried
-
-
-async def _replay_lost(
-    policy: PolicyClient,
-    collector: Collector,
-    tasks: list[Task],
-    maker: envs.EnvMaker,
-    episodes: list[Episode],
-    name: str,
-) -> int:
-    """Play again, in place, the episodes an engine lost (each as the same task and sample),
-    once an engine answers again, for up to :data:`ENGINE_RETRIES` rounds; returns how
-    many were played again. Episodes still lost after that, or when no engine answers
-    within :data:`ENGINE_WAIT_S`, stay ``aborted`` in the report (its ``aborted`` share),
-    with their reason."""
-    retried = 0
-    for round_ in range(1, ENGINE_RETRIES + 1):
-        lost = [i for i, ep in enumerate(episodes) if lost_to_engine(ep)]
-        if not lost:
-            break
-        log.warning(
-            "eval set %s: %d of %d episodes lost to an unavailable engine (%s); playing "
-            "them again once an engine answers (round %d of %d)",
-            name,
-            len(lost),
-            len(episodes),
-            episodes[lost[0]].reason[:160],
-            round_,
-            ENGINE_RETRIES,
-        )
-        deadline = time.monotonic() + ENGINE_WAIT_S
-        while not await policy.answering():
-            if time.monotonic() >= deadline:  # gone for good (no one restarts it here)
-                log.warning(
-                    "eval set %s: no engine answers; %d episodes stay lost", name, len(lost)
-                )
-                return retried
-            await asyncio.sleep(1.0)
-        again = await collector.rerun([episodes[i] for i in lost], tasks, maker)
-        for i, episode in zip(lost, again, strict=True):
-            episodes[i] = episode
-        retried += len(lost)
-    return retried
 
 
 async def run_suite(
@@ -189,12 +142,15 @@ async def run_suite(
     tasks: dict[str, list[Task]] | None = None,
     rewards: Rewards | None = None,
     generate: GenerateFn | None = None,
+    engines: LostEngines | None = None,
 ) -> tuple[dict[str, Any], list[Episode]]:
     """Run every set of ``suite``; returns the report (``meta`` + sets + rows) and every
     episode. ``tasks`` (by set name) replaces a set's task file (the RL loop's held-out
     tasks); ``rewards`` (the RL loop's ``rollout.reward``/``group_reward``) the envs';
     ``generate`` (the RL loop's ``rollout.generate`` or ``agent.command``) plays each
     episode in place of the env loop, with the set's sampling as its ``ctx.sampling``.
+    ``engines`` says how episodes an engine lost are played again
+    (:mod:`vime.eval.lost_engines`; default: wait for an engine, restart none).
 
     Usage (no doctest: it needs a running vLLM server): ``report, episodes = await
     run_suite(policy, model_dir, load_suite("math"), {})``, then
@@ -205,8 +161,9 @@ async def run_suite(
     rows: list[dict[str, Any]] = []
     episodes: list[Episode] = []
     for s in suite.sets:
+        set_tasks = (tasks or {}).get(s.name) or suite.tasks(s)
         found, wall_s, retried = await _run_set(
-            policy, tokenizer, s, (tasks or {}).get(s.name) or suite.tasks(s), rewards, generate
+            policy, tokenizer, s, set_tasks, rewards, generate, engines or LostEngines()
         )
         rows += task_rows(s.name, s.env, found, s.k, s.success)
         episodes += found
@@ -380,6 +337,8 @@ def main(argv: list[str]) -> int:
     ):
         adapter = serve_adapter(server.url, cmd.adapter) if cmd.adapter else ""
         policy = PolicyClient.from_urls(server.url, model=adapter)
+        # A launched engine that dies is restarted as training restarts its engines.
+        engines = LostEngines(restart=restarter(server, cmd.adapter))
         meta = {
             "checkpoint": str(ckpt.weights or ckpt.url),
             **({"adapter": str(Path(cmd.adapter).resolve())} if cmd.adapter else {}),
@@ -393,7 +352,13 @@ def main(argv: list[str]) -> int:
         async def run() -> tuple[dict[str, Any], list[Episode]]:
             try:
                 return await run_suite(
-                    policy, ckpt.tokenizer, suite, meta, rewards=rewards, generate=generate
+                    policy,
+                    ckpt.tokenizer,
+                    suite,
+                    meta,
+                    rewards=rewards,
+                    generate=generate,
+                    engines=engines,
                 )
             finally:
                 if isinstance(generate, AgentCommand):  # its endpoint serves on this loop

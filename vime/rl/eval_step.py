@@ -22,8 +22,16 @@ from vime.agents.rewards import Rewards
 from vime.conf.train import TrainConfig
 from vime.envs.tasks import Task
 from vime.eval.evaluate import now, run_suite
+from vime.eval.lost_engines import LostEngines
 from vime.eval.report import metrics, write_report
 from vime.eval.suites import EvalSet, Suite
+
+RUN_RESTARTS = (
+    "the run restarts the engines it launched before its next rollout (an engine it "
+    "attached by URL must be started again there)"
+)
+"""What happens to an engine lost for good during the RL loop's eval (its episodes'
+reason says it): the loop's own recovery, at the next step, restarts it."""
 
 
 async def evaluate(
@@ -66,6 +74,7 @@ async def evaluate(
         tasks={suite.sets[0].name: tasks},
         rewards=rewards,
         generate=generate,
+        engines=LostEngines(advice=RUN_RESTARTS),
     )
     if run_root is not None:
         write_report(report, episodes, Path(run_root) / "eval" / f"step_{step:06d}")
