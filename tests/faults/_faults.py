@@ -71,15 +71,23 @@ def tail(log: Path, chars: int = 4000) -> str:
     return log.read_text(errors="replace")[-chars:]
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout_s: float, every_s: float = 0.05) -> Any:
-    """Poll ``check()`` until it returns something truthy; AssertionError naming ``what``."""
+def wait_for(
+    what: str,
+    check: Callable[[], Any],
+    timeout_s: float,
+    every_s: float = 0.05,
+    told: Callable[[], Any] | None = None,
+) -> Any:
+    """Poll ``check()`` until it returns something truthy; AssertionError naming ``what``
+    (and what ``told()`` says then, where given)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         got = check()
         if got:
             return got
         time.sleep(every_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+    seen = f": {told()}" if told else ""
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}{seen}")
 
 
 def run_folder(tmp_path: Path) -> Path | None:

@@ -113,6 +113,12 @@ def labelled(host: str, tag: str) -> list[dict[str, Any]]:
     return docker_client(host).api.containers(all=True, filters={"label": f"vime.test={tag}"})
 
 
+def states(host: str, tag: str) -> list[str]:
+    """``id[:12] state (status)`` of each labelled container on ``host``: what a failed
+    wait for "no container left" shows."""
+    return [f"{c['Id'][:12]} {c['State']} ({c['Status']})" for c in labelled(host, tag)]
+
+
 def running(host: str, tag: str, command: str) -> list[str]:
     """Ids of the labelled containers on ``host`` that run a process whose command line
     contains ``command``."""

@@ -45,9 +45,10 @@ import socket
 import tarfile
 import threading
 import time
+import uuid
 import weakref
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_exponential
 
@@ -133,8 +134,6 @@ class DockerSandbox:
     # -- lifecycle -----------------------------------------------------------------
 
     def _start(self) -> str:
-        import docker.types
-
         cfg = self.config
         uid, _, gid = cfg.user.partition(":")
         owner = f",uid={uid},gid={gid or uid}"
@@ -146,11 +145,28 @@ class DockerSandbox:
             "vime.hostname": socket.gethostname(),
         }
         limit = cfg.file_limit_bytes
+        # Named by vime, so a container the daemon made before its reply was lost (the
+        # daemon killed mid-create) can still be removed: by name, once the host answers.
+        name = f"vime-{uuid.uuid4().hex[:16]}"
+        try:
+            container = self._create_and_start(name, labels, owner, limit)
+        except SandboxError:
+            remove_container(self.host, name)
+            raise
+        self._container = container
+        remove_unremoved(self.host)  # the host answers again: retry what failed before
+        return container.id
+
+    def _create_and_start(self, name: str, labels: dict[str, str], owner: str, limit: int) -> Any:
+        """The container, created and started (create + start, not run: run would try to
+        pull a missing image from a registry, which hangs or fails obscurely offline)."""
+        import docker.types
+
+        cfg = self.config
         with docker_errors(f"creating a sandbox from {self.image}", host=self.host):
-            # create + start, not run: run would try to pull a missing image from a
-            # registry, which hangs or fails obscurely on an offline machine.
             container = self._client.containers.create(
                 self.image,
+                name=name,
                 command=INIT_CMD,
                 user=cfg.user,
                 network_mode="bridge" if cfg.network else "none",
@@ -181,9 +197,7 @@ class DockerSandbox:
             except Exception:
                 remove_container(self.host, container.id)
                 raise
-        self._container = container
-        remove_unremoved(self.host)  # the host answers again: retry what failed before
-        return container.id
+        return container
 
     @property
     def alive(self) -> bool:

@@ -2,6 +2,10 @@
 down or unreachable) is remembered per host and retried when a sandbox next starts on
 that host, and at exit; ``vime-agent sandbox gc`` is the last resort.
 
+When such a host answers again, this process's containers that its daemon left ``dead``
+or stopped are removed too: a daemon killed mid-removal restores the container as
+``dead`` and leaves it to the client (moby), whichever side was removing it.
+
 Example:
     >>> remove_unremoved("unix:///nonexistent.sock")
     []
@@ -9,6 +13,8 @@ Example:
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
 
 from vime.sandbox.client import docker_client
@@ -20,7 +26,8 @@ _unremoved_lock = threading.Lock()
 
 
 def remove_container(host: str, container_id: str) -> bool:
-    """Force-remove one container; True once it is gone, else it is queued for a retry."""
+    """Force-remove one container (its id or name); True once it is gone, else it is
+    queued for a retry."""
     import docker.errors
 
     try:
@@ -49,5 +56,26 @@ def remove_unremoved(host: str | None = None) -> list[str]:
         []
     """
     with _unremoved_lock:
-        todo = [(h, c) for h, ids in _unremoved.items() if host in (None, h) for c in ids]
-    return [c for h, c in todo if not remove_container(h, c)]
+        todo = {h: sorted(ids) for h, ids in _unremoved.items() if host in (None, h) and ids}
+    left = []
+    for h, ids in todo.items():
+        for i, container in enumerate(ids):
+            if not remove_container(h, container):
+                left += ids[i:]  # the host is still down: one try per host, not one per id
+                break
+        else:
+            left += [c for c in _left_behind(h) if not remove_container(h, c)]
+    return left
+
+
+def _left_behind(host: str) -> list[str]:
+    """Ids of this process's containers on ``host`` that are ``dead`` or stopped (none of
+    them serves a sandbox: a stopped one is auto-removed, unless its daemon failed to)."""
+    mine = [f"vime.pid={os.getpid()}", f"vime.hostname={socket.gethostname()}"]
+    try:
+        found = docker_client(host).api.containers(
+            all=True, filters={"label": mine, "status": ["dead", "exited"]}
+        )
+    except Exception:  # down again: the next retry looks
+        return []
+    return [c["Id"] for c in found]
