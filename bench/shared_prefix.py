@@ -6,7 +6,10 @@ Two batch shapes where samples share prefixes:
   ``--episodes`` episodes has ``--turns`` turns, and turn k's sample holds the prompt and
   every turn before it (its answer, a tool result) again;
 - ``groups``: GRPO groups, ``--groups`` prompts of ``--prompt`` tokens with ``--group``
-  answers each.
+  answers each;
+- ``demos``: the ``env=tools`` warm start's SFT batch, 32 of its scripted demonstrations
+  (played in the real env, rendered by the model's chat template): they share the system
+  prompt and the tool list, and differ from the question on (the warm start's layout).
 
 Each layout (padded, the default; packed, ``pack_sequences``; tree, ``shared_prefix``) gets its
 own :class:`~vime.trainer.step.Trainer` on the same weights; the steps alternate between
@@ -17,6 +20,7 @@ Usage::
 
     python bench/shared_prefix.py                  # the tiny default model, CPU or GPU
     python bench/shared_prefix.py --steps 10 --shapes groups
+    python bench/shared_prefix.py --shapes demos   # the env=tools warm start's batches
 
 Example (the shapes' token counts):
     >>> sum(map(len, turn_batch(2, 3, prompt=8, answer=2, tool=1, vocab=50, seed=0)))
@@ -83,6 +87,36 @@ def samples_of(batch: list[list[int]], answer: int) -> list:
     ]
 
 
+def demo_samples(model: str, count: int = 32) -> list:
+    """``count`` demonstrations of the ``env=tools`` warm start, as it trains on them."""
+    from vime.conf.compose import load_config
+    from vime.extensions import load_function
+    from vime.rl.warm_start import play_demonstrations
+    from vime.suites.tools.tasks import calculator_tasks
+
+    env = load_config(["env=tools"]).env
+    spec = {"env_id": env.id, "env_kwargs": dict(env.kwargs), "model_dir": model}
+    spec["template_kwargs"] = {}
+    tasks = calculator_tasks(count, seed=3)
+    demonstration = load_function(
+        env.demonstrations, "env.demonstrations", signature="demonstration(task)", positional=1
+    )
+    return play_demonstrations(spec, tasks, demonstration)
+
+
+def shape_samples(shape: str, args: argparse.Namespace, vocab: int, model: str) -> list:
+    """The batch of one ``--shapes`` entry."""
+    if shape == "demos":
+        return demo_samples(model)
+    if shape == "turns":
+        batch = turn_batch(
+            args.episodes, args.turns, prompt=args.prompt, answer=32, tool=32, vocab=vocab, seed=0
+        )
+        return samples_of(batch, 32)
+    batch = group_batch(args.groups, args.group, prompt=args.prompt, answer=64, vocab=vocab, seed=0)
+    return samples_of(batch, 64)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="", help="an HF folder (default: the tiny model)")
@@ -109,25 +143,7 @@ def main() -> None:
     vocab = trainers["padded"].spec.vocab_size
     print(f"model {model} ({dtype}), {args.steps} steps per layout")
     for shape in args.shapes:
-        if shape == "turns":
-            batch, answer = (
-                turn_batch(
-                    args.episodes,
-                    args.turns,
-                    prompt=args.prompt,
-                    answer=32,
-                    tool=32,
-                    vocab=vocab,
-                    seed=0,
-                ),
-                32,
-            )
-        else:
-            batch = group_batch(
-                args.groups, args.group, prompt=args.prompt, answer=64, vocab=vocab, seed=0
-            )
-            answer = 64
-        samples = samples_of(batch, answer)
+        samples = shape_samples(shape, args, vocab, model)
         times: dict[str, list[float]] = {name: [] for name in trainers}
         shared = 0.0
         for step in range(args.steps + 1):
@@ -142,7 +158,7 @@ def main() -> None:
         ms = {name: 1000 * statistics.median(t) for name, t in times.items()}
         best = min(ms["padded"], ms["packed"])
         print(
-            f"{shape}: {len(samples)} samples, {sum(map(len, batch))} tokens, "
+            f"{shape}: {len(samples)} samples, {sum(len(x.tokens) for x in samples)} tokens, "
             f"{1 - shared:.0%} of them computed as a tree | "
             + ", ".join(f"{name} {v:.0f} ms" for name, v in ms.items())
             + f" | tree {best / ms['tree']:.2f}x the faster unshared layout"
