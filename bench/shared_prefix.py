@@ -7,9 +7,10 @@ Two batch shapes where samples share prefixes:
   every turn before it (its answer, a tool result) again;
 - ``groups``: GRPO groups, ``--groups`` prompts of ``--prompt`` tokens with ``--group``
   answers each;
-- ``demos``: the ``env=tools`` warm start's SFT batch, 32 of its scripted demonstrations
-  (played in the real env, rendered by the model's chat template): they share the system
-  prompt and the tool list, and differ from the question on (the warm start's layout).
+- ``demos``: a warm start's SFT batch, 32 of the scripted demonstrations of
+  ``--demos-env`` (``tools`` by default; played in the real env, rendered by the model's
+  chat template): they share the system prompt (and the tool list), and differ from the
+  question on.
 
 Each layout (padded, the default; packed, ``pack_sequences``; tree, ``shared_prefix``) gets its
 own :class:`~vime.trainer.step.Trainer` on the same weights; the steps alternate between
@@ -21,6 +22,7 @@ Usage::
     python bench/shared_prefix.py                  # the tiny default model, CPU or GPU
     python bench/shared_prefix.py --steps 10 --shapes groups
     python bench/shared_prefix.py --shapes demos   # the env=tools warm start's batches
+    python bench/shared_prefix.py --shapes demos --demos-env math   # the main job's
 
 Example (the shapes' token counts):
     >>> sum(map(len, turn_batch(2, 3, prompt=8, answer=2, tool=1, vocab=50, seed=0)))
@@ -87,17 +89,18 @@ def samples_of(batch: list[list[int]], answer: int) -> list:
     ]
 
 
-def demo_samples(model: str, count: int = 32) -> list:
-    """``count`` demonstrations of the ``env=tools`` warm start, as it trains on them."""
+def demo_samples(model: str, env_name: str, count: int = 32) -> list:
+    """``count`` demonstrations of the ``env=<env_name>`` warm start, as it trains on them
+    (the env's first training tasks, played in the real env)."""
     from vime.conf.compose import load_config
     from vime.extensions import load_function
+    from vime.rl.tasks import builtin_tasks
     from vime.rl.warm_start import play_demonstrations
-    from vime.suites.tools.tasks import calculator_tasks
 
-    env = load_config(["env=tools"]).env
+    env = load_config([f"env={env_name}"]).env
     spec = {"env_id": env.id, "env_kwargs": dict(env.kwargs), "model_dir": model}
     spec["template_kwargs"] = {}
-    tasks = calculator_tasks(count, seed=3)
+    tasks = builtin_tasks(env.builtin_tasks, env.builtin_args, env.tasks.path, seed=3)[:count]
     demonstration = load_function(
         env.demonstrations, "env.demonstrations", signature="demonstration(task)", positional=1
     )
@@ -107,7 +110,7 @@ def demo_samples(model: str, count: int = 32) -> list:
 def shape_samples(shape: str, args: argparse.Namespace, vocab: int, model: str) -> list:
     """The batch of one ``--shapes`` entry."""
     if shape == "demos":
-        return demo_samples(model)
+        return demo_samples(model, args.demos_env)
     if shape == "turns":
         batch = turn_batch(
             args.episodes, args.turns, prompt=args.prompt, answer=32, tool=32, vocab=vocab, seed=0
@@ -127,6 +130,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=4)
     parser.add_argument("--group", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=256)
+    parser.add_argument("--demos-env", default="tools", help="the env of --shapes demos")
     args = parser.parse_args()
 
     import torch
