@@ -100,8 +100,9 @@ EDGE = 5  # steps averaged at the run's end for the collapse guard
 @pytest.mark.slow
 # The warm start is most of this test: it ends where sampling writes a fifth of the held-out
 # demonstrations, after 160-380 SFT steps of 32 demonstrations on an H200 depending on the
-# seed, 257 and 360 on two 2-core CPUs (1.9 s a step on both cores), and the suite's 900 s
-# would not hold it.
+# seed, 257 and 360 on two 2-core CPUs (1.9 s a step on both cores, padded), 490 on a third
+# (0.6-1.2 s a step on one core in the shared-prefix layout it now uses; 850 s in all
+# under load 9-11), and the suite's 900 s would not hold it.
 @pytest.mark.timeout(2400)
 def test_tools_run_trains_after_the_warm_start_without_collapse(
     shared_engine, tmp_path, monkeypatch
