@@ -27,11 +27,12 @@ from vime.eval.report import metrics, write_report
 from vime.eval.suites import EvalSet, Suite
 
 RUN_RESTARTS = (
-    "the run restarts the engines it launched before its next rollout (an engine it "
-    "attached by URL must be started again there)"
+    "the run restarts the engines it launched in its next step (an engine it attached by "
+    "URL must be started again there)"
 )
 """What happens to an engine lost for good during the RL loop's eval (its episodes'
-reason says it): the loop's own recovery, at the next step, restarts it."""
+reason says it): the next step's rollout finds it dead and restarts it
+(``sync.recover()``), nothing restarts it mid-eval."""
 
 
 async def evaluate(
