@@ -67,6 +67,7 @@ DOCKER = {
     "vime.sandbox",
     "vime.sandbox.cli",
     "vime.sandbox.client",
+    "vime.sandbox.container_exec",
     "vime.sandbox.docker",
     "vime.sandbox.image_pools",
     "vime.sandbox.images",
@@ -175,12 +176,13 @@ def with_collector(engine_url: str, model_dir: str) -> Callable[..., Any]:
 @contextlib.contextmanager
 def service_globals(name: str, request: pytest.FixtureRequest) -> Iterator[dict]:
     """The names that ``name``'s examples use beyond the module's own, made for its run
-    and closed after it: ``sb`` (a running ``DockerSandbox``) for vime.sandbox.docker,
-    ``pool`` (a started one-sandbox ``SandboxPool``) for vime.sandbox.pool, ``store_url``
-    and a new ``run_name`` for vime.store.postgres, ``engine_url`` (the session's vLLM
-    server, its weights given back afterwards), ``model_dir`` (the tiny model it serves),
-    ``with_collector`` (:func:`with_collector` on them), ``tasks`` (2 math tasks) and
-    ``tmp`` (an empty folder) for the engine modules and the disk weight sync."""
+    and closed after it: ``sb`` (a running ``DockerSandbox``) for vime.sandbox.docker and
+    vime.sandbox.container_exec, ``pool`` (a started one-sandbox ``SandboxPool``) for
+    vime.sandbox.pool, ``store_url`` and a new ``run_name`` for vime.store.postgres,
+    ``engine_url`` (the session's vLLM server, its weights given back afterwards),
+    ``model_dir`` (the tiny model it serves), ``with_collector`` (:func:`with_collector`
+    on them), ``tasks`` (2 math tasks) and ``tmp`` (an empty folder) for the engine
+    modules and the disk weight sync."""
     if name in ENGINE:
         engine = request.getfixturevalue("shared_engine")
         model_dir = str(request.getfixturevalue("tiny_model_dir"))
@@ -210,7 +212,7 @@ def service_globals(name: str, request: pytest.FixtureRequest) -> Iterator[dict]
     build_base_image(log=lambda msg: None)  # imported once per machine, as the tests do
     with contextlib.ExitStack() as stack:
         globs: dict = {}
-        if name == "vime.sandbox.docker":
+        if name in ("vime.sandbox.docker", "vime.sandbox.container_exec"):
             globs["sb"] = stack.enter_context(DockerSandbox(SandboxConfig()))
         if name == "vime.sandbox.pool":
             globs["pool"] = stack.enter_context(SandboxPool(SandboxConfig(), size=1))
