@@ -18,6 +18,7 @@ import sys
 from datetime import datetime
 
 from vime.sandbox.client import default_host, docker_client, docker_errors
+from vime.sandbox.config import LABEL_HOSTNAME, LABEL_PID, LABEL_RUN, LABEL_SANDBOX
 
 
 def _owner_alive(pid: int, created: float) -> bool:
@@ -59,17 +60,17 @@ def gc(
     me = socket.gethostname()
     for host in hosts or [default_host()]:
         client = docker_client(host)
-        labels = ["vime.sandbox=1"] + ([f"vime.run={run_id}"] if run_id else [])
+        labels = [f"{LABEL_SANDBOX}=1"] + ([f"{LABEL_RUN}={run_id}"] if run_id else [])
         with docker_errors("listing vime containers", host=host):
             found = client.api.containers(all=True, filters={"label": labels})
         for info in found:
             cid = info["Id"]
             lab = info.get("Labels") or {}
             if not remove_all and not run_id:
-                if lab.get("vime.hostname") not in (None, me):
+                if lab.get(LABEL_HOSTNAME) not in (None, me):
                     continue
                 try:
-                    pid = int(lab.get("vime.pid", "0"))
+                    pid = int(lab.get(LABEL_PID, "0"))
                 except ValueError:
                     pid = 0
                 with docker_errors("inspecting a vime container", host=host, container=cid):

@@ -28,6 +28,26 @@ DEFAULT_RUN_ID = (
     os.environ.get("VIME_RUN_ID") or f"{socket.gethostname()}-{os.getpid()}-{int(time.time())}"
 )
 
+# The labels vime puts on the containers it makes: `vime-agent sandbox gc` and the removal
+# retry (vime.sandbox.removal) find them by these.
+LABEL_SANDBOX = "vime.sandbox"  # "1" on every one
+LABEL_RUN = "vime.run"  # the run id (SandboxConfig.effective_run_id)
+# The process that made it, and that process's machine: gc removes a container of this
+# machine whose process is dead.
+LABEL_PID = "vime.pid"
+LABEL_HOSTNAME = "vime.hostname"
+LABEL_ROLE = "vime.role"  # "build" on the container that builds an image layer
+
+
+def owner_labels() -> dict[str, str]:
+    """This process's :data:`LABEL_PID` and :data:`LABEL_HOSTNAME` labels.
+
+    Example:
+        >>> owner_labels()[LABEL_PID] == str(os.getpid())
+        True
+    """
+    return {LABEL_PID: str(os.getpid()), LABEL_HOSTNAME: socket.gethostname()}
+
 
 def parse_size(text: str) -> int:
     """Bytes in a docker-style size string ("512m", "1g", "65536").

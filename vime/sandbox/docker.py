@@ -41,8 +41,6 @@ from __future__ import annotations
 
 import atexit
 import io
-import os
-import socket
 import tarfile
 import threading
 import time
@@ -53,7 +51,7 @@ from typing import Any
 
 from vime.errors import SandboxError
 from vime.sandbox.client import docker_client, docker_errors
-from vime.sandbox.config import SandboxConfig
+from vime.sandbox.config import LABEL_RUN, LABEL_SANDBOX, SandboxConfig, owner_labels
 from vime.sandbox.container_exec import ContainerExec
 from vime.sandbox.inside import INIT_CMD, RESET_SCRIPT
 from vime.sandbox.removal import remove_container, remove_unremoved
@@ -109,10 +107,9 @@ class DockerSandbox(ContainerExec):
         owner = f",uid={uid},gid={gid or uid}"
         labels = {
             **cfg.labels,
-            "vime.sandbox": "1",
-            "vime.run": cfg.effective_run_id,
-            "vime.pid": str(os.getpid()),
-            "vime.hostname": socket.gethostname(),
+            LABEL_SANDBOX: "1",
+            LABEL_RUN: cfg.effective_run_id,
+            **owner_labels(),
         }
         limit = cfg.file_limit_bytes
         # Named by vime, so a container the daemon made before its reply was lost (the

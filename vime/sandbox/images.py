@@ -31,6 +31,7 @@ from vime.config import require
 from vime.errors import SandboxError
 from vime.paths import cache_dir
 from vime.sandbox.client import docker_client, docker_errors
+from vime.sandbox.config import LABEL_PID, LABEL_ROLE, LABEL_SANDBOX
 
 # Bump when the build steps below change what lands in the image for the same recipe.
 BUILDER_VERSION = 1
@@ -315,7 +316,7 @@ def build_layered_image(
             base,
             command=["sleep", "infinity"],
             network_mode="bridge" if network else "none",
-            labels={"vime.sandbox": "1", "vime.pid": str(os.getpid()), "vime.role": "build"},
+            labels={LABEL_SANDBOX: "1", LABEL_PID: str(os.getpid()), LABEL_ROLE: "build"},
         )
         try:
             # put_archive on a created container writes straight into its rootfs layer.

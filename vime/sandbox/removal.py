@@ -13,11 +13,10 @@ Example:
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 
 from vime.sandbox.client import docker_client
+from vime.sandbox.config import owner_labels
 
 # Containers whose removal failed (their daemon was down): host -> ids. Retried when a
 # sandbox next starts on that host, and at exit; `vime-agent sandbox gc` is the last resort.
@@ -71,7 +70,7 @@ def remove_unremoved(host: str | None = None) -> list[str]:
 def _left_behind(host: str) -> list[str]:
     """Ids of this process's containers on ``host`` that are ``dead`` or stopped (none of
     them serves a sandbox: a stopped one is auto-removed, unless its daemon failed to)."""
-    mine = [f"vime.pid={os.getpid()}", f"vime.hostname={socket.gethostname()}"]
+    mine = [f"{name}={value}" for name, value in owner_labels().items()]
     try:
         found = docker_client(host).api.containers(
             all=True, filters={"label": mine, "status": ["dead", "exited"]}
