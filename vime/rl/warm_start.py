@@ -66,7 +66,8 @@ from vime.rl.tasks import builtin_tasks
 from vime.sandbox.leases import close_pools
 from vime.trainer.config import TrainerConfig
 from vime.trainer.losses import LossConfig
-from vime.trainer.model import GEMMA_FAMILIES
+from vime.trainer.micro_batches import tree_layout_allowed
+from vime.trainer.model import model_spec_from_hf
 from vime.trainer.step import Trainer
 from vime.types import Sample
 
@@ -356,9 +357,11 @@ def _run(spec: dict[str, Any]) -> None:
 def tree_fits(model_dir: str | Path) -> bool:
     """Whether the SFT steps run in the shared-prefix layout (``trainer.shared_prefix``):
     an env's demonstrations share their system prompt and tool list, computed once per
-    micro-batch instead of once per demonstration. Same losses, 3.3x faster steps for
-    ``env=tools`` on CPU (``python bench/shared_prefix.py --shapes demos``). Gemma's local
-    attention layers have no tree layout, so Gemma stays padded.
+    micro-batch instead of once per demonstration. Same losses; for ``env=tools`` on CPU
+    the tree's step took 601 ms against 2061 ms packed and 2345 ms padded: 3.43x the
+    faster unshared layout (``python bench/shared_prefix.py --shapes demos --steps 3``,
+    bench/RESULTS.md). The warm start trains on one rank, so the model decides
+    (:func:`vime.trainer.micro_batches.tree_layout_allowed`: Gemma stays padded).
 
     Example:
         >>> from vime.models.tiny import build_tiny_model
@@ -367,7 +370,8 @@ def tree_fits(model_dir: str | Path) -> bool:
     """
     from transformers import AutoConfig
 
-    return AutoConfig.from_pretrained(model_dir).model_type not in GEMMA_FAMILIES
+    spec = model_spec_from_hf(AutoConfig.from_pretrained(model_dir))
+    return tree_layout_allowed(spec, {"tp": 1, "pp": 1, "ep": 1})  # _run's Trainer: one rank
 
 
 def play_demonstrations(

@@ -99,15 +99,28 @@ def check_sample(i: int, sample: Sample, config: TrainerConfig, vocab_size: int)
         )
 
 
+def tree_layout_allowed(spec: Any, split: dict[str, int]) -> bool:
+    """Whether the token-tree layout (trainer.shared_prefix) is built for the model
+    ``spec`` (a :class:`vime.trainer.model.ModelSpec`) on the model-parallel ``split``:
+    one rank (tp = pp = ep = 1), and plain SDPA attention (a tree under TP/PP/EP or
+    Gemma's local layers is not built).
+
+    Example:
+        >>> one_rank = {"tp": 1, "pp": 1, "ep": 1}
+        >>> tree_layout_allowed(None, one_rank), tree_layout_allowed(None, {**one_rank, "tp": 2})
+        (True, False)
+    """
+    return max(split.values(), default=1) == 1 and getattr(spec, "gemma", None) is None
+
+
 def check_shared_prefix(config: TrainerConfig, split: dict[str, int], spec: Any) -> None:
-    """trainer.shared_prefix runs on one model-parallel rank, for the families whose
-    attention is plain SDPA (a tree under TP/PP/EP or Gemma's local layers is not built).
+    """TrainerError for trainer.shared_prefix where :func:`tree_layout_allowed` says no.
 
     Example:
         >>> check_shared_prefix(TrainerConfig(), {"tp": 2}, spec=None)  # off: anything goes
     """
-    gemma = getattr(spec, "gemma", None) is not None
-    if config.shared_prefix and (max(split.values()) > 1 or gemma):
+    if config.shared_prefix and not tree_layout_allowed(spec, split):
+        gemma = getattr(spec, "gemma", None) is not None
         raise TrainerError(
             f"trainer.shared_prefix needs tp = pp = ep = 1 and a non-Gemma model (got {split}, "
             f"gemma={gemma}): set trainer.shared_prefix=false"
