@@ -459,3 +459,90 @@ def test_the_heartbeat_finds_a_hung_server_long_before_the_request_timeout(
     assert (posts[0], probes[0]) == (1, 2), (posts, probes)  # no retry, two probes
     # 0.3 s to the first probe, 0.5 s for each silent one; request_timeout_s is 60 s.
     assert 1.2 < seconds < 4.0, seconds
+
+
+@pytest.mark.parametrize("transport", ["sdk", "direct"])
+def test_the_model_card_is_asked_once_for_all_callers_and_a_dropped_connection_resent(
+    transport: str,
+) -> None:
+    """``/v1/models`` follows the completions' rules: the server hanging up on the first
+    request (read, then closed unanswered: the SDK calls that "Request timed out.") costs
+    one resend, not the episodes waiting for the card. Eight callers at once share one
+    fetch: the server sees two requests (the dropped one and its resend)."""
+    import re
+
+    requests = 0
+    card = {"object": "list", "data": [{"id": "tiny", "object": "model", "max_model_len": 512}]}
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                assert re.match(rb"GET /v1/models ", head), head[:40]
+                requests += 1
+                if requests == 1:
+                    writer.close()
+                    return
+                payload = json.dumps(card).encode()
+                writer.write(
+                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
+                    + f"content-length: {len(payload)}\r\n\r\n".encode()
+                    + payload
+                )
+                await writer.drain()
+        except (asyncio.IncompleteReadError, ConnectionError):
+            writer.close()
+
+    async def run() -> list:
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = PolicyClient.from_urls(
+            f"http://127.0.0.1:{port}", http_transport=transport, backoff_initial_s=5.0
+        )
+        try:
+            names = [client.model_name() for _ in range(4)]
+            lengths = [client.max_model_len() for _ in range(4)]
+            return await asyncio.wait_for(asyncio.gather(*names, *lengths), 2.0)  # no backoff
+        finally:
+            await client.aclose()
+            server.close()
+
+    assert asyncio.run(run()) == ["tiny"] * 4 + [512] * 4
+    assert requests == 2
+
+
+def test_a_hung_server_s_model_card_is_given_up_by_the_heartbeat(monkeypatch) -> None:
+    """A server whose ``/v1/models`` and ``/health`` stop answering is found hung by the
+    heartbeat, as a completion's server is (two silent 0.5 s probes), long before
+    request_timeout_s (60 s); the error says so."""
+    import time
+
+    from aiohttp import web
+
+    monkeypatch.setattr("vime.agents.policy_client.HEALTH_PROBE_S", 0.5)
+
+    async def never(request: web.Request) -> web.Response:
+        await asyncio.sleep(3600)
+        return web.Response(text="")
+
+    async def run() -> tuple[str, float]:
+        app = web.Application()
+        app.router.add_get("/v1/models", never)
+        app.router.add_get("/health", never)
+        runner, url = await _serve(app)
+        client = PolicyClient.from_urls(url, request_timeout_s=60.0, heartbeat_s=0.3)
+        t0 = time.perf_counter()
+        try:
+            await client.model_name()
+        except EngineUnavailableError as err:
+            return str(err), time.perf_counter() - t0
+        finally:
+            await client.aclose()
+            await runner.cleanup()
+        raise AssertionError("the card came from a hung server")
+
+    message, seconds = asyncio.run(run())
+    assert message.startswith("no policy server answered /v1/models (http://127.0.0.1:"), message
+    assert "hung: its /health was silent on 2 probes in a row" in message, message
+    assert seconds < 3.0, seconds

@@ -41,10 +41,15 @@ Load: which server a session goes to, down marks and failover targets are decide
 asks it and delegates :meth:`PolicyClient.server_for`, :meth:`PolicyClient.stats` and the
 weight-version methods to it.
 
+Model card: the served name and context window come from the first server's
+``/v1/models`` when the config names no model. That request follows the rules above
+(retries, the heartbeat, ``request_timeout_s``), and one fetch is shared by every caller
+waiting for it (a collector's episodes all start at once).
+
 Transport: the SDK's ``AsyncOpenAI`` client is built for every server and owns the
-configuration (base URL, API key, default and auth headers), the ``/v1/models`` calls and
-the error types. By default (``http_transport="direct"``) the completions request itself,
-the one sent hundreds of times a second, is posted with aiohttp, carrying the same JSON
+configuration (base URL, API key, default and auth headers) and the error types. By
+default (``http_transport="direct"``) the completions and ``/v1/models`` requests, the
+first sent hundreds of times a second, go out with aiohttp, carrying the same JSON
 body and the SDK's headers, and failures raise the same SDK exceptions; the SDK's
 per-request machinery (options models, httpx request/response objects) is skipped,
 because with hundreds of episodes in flight on a small host its CPU is taken from the
@@ -70,7 +75,7 @@ import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -92,7 +97,7 @@ from vime.agents.liveness import EngineHungError, Heartbeat
 from vime.agents.request_batcher import RequestBatcher
 from vime.agents.routing import Router
 from vime.agents.server_probes import HEALTH_PROBE_S, ServerProbes
-from vime.agents.transport import TRANSPORTS, Transport, error_detail
+from vime.agents.transport import TRANSPORTS, Transport, error_detail, with_cause
 from vime.config import require, require_choice
 from vime.errors import EngineError
 from vime.types import SamplingParams
@@ -215,6 +220,7 @@ class PolicyClient:
         self._model: str = config.model
         self._max_model_len: int | None = None
         self._card_fetched = False
+        self._card_fetch: asyncio.Task[None] | None = None  # the fetch in flight, shared
         self._probes = ServerProbes(
             self._transport.session,
             health_timeout_s=min(HEALTH_PROBE_S, config.request_timeout_s),
@@ -316,21 +322,38 @@ class PolicyClient:
         return self._max_model_len
 
     async def _fetch_model_card(self) -> None:
-        last: Exception | None = None
+        """:meth:`_ask_model_card`, once for every caller waiting on it; a failed fetch is
+        not kept (the next caller asks again)."""
+        loop = asyncio.get_running_loop()
+        fetch = self._card_fetch
+        if fetch is None or fetch.done() or fetch.get_loop() is not loop:
+            fetch = self._card_fetch = loop.create_task(self._ask_model_card())
+            fetch.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(fetch)
+
+    async def _ask_model_card(self) -> None:
+        """The first server whose ``/v1/models`` answers gives the model name and context
+        window; each is asked as a completion is (retries, heartbeat, request timeout)."""
+        last: BaseException | None = None
         for url in self.urls:
+            tries = [1]
+            models = partial(self._transport.models, url)
             try:
-                page = await self._transport.client(url).models.list()
-            except openai.OpenAIError as err:
+                page = await self._heartbeat.watched(url, self._retried(url, models, tries))
+            except (openai.OpenAIError, EngineHungError) as err:
                 last = err
                 continue
-            card = page.data[0]
+            cards = page.get("data") if isinstance(page, dict) else None
+            if not cards or not isinstance(cards[0], dict) or "id" not in cards[0]:
+                raise EngineError(f"{url}/v1/models names no model: {str(page)[:200]}")
             self._card_fetched = True
-            self._model = self._model or card.id
-            extra = getattr(card, "model_extra", None) or {}
-            if isinstance(extra.get("max_model_len"), int):
-                self._max_model_len = extra["max_model_len"]
+            self._model = self._model or cards[0]["id"]
+            if isinstance(cards[0].get("max_model_len"), int):
+                self._max_model_len = cards[0]["max_model_len"]
             return
-        raise EngineUnavailableError(f"no policy server answered /v1/models ({self.urls}): {last}")
+        raise EngineUnavailableError(
+            f"no policy server answered /v1/models ({', '.join(self.urls)}): {with_cause(last)}"
+        )
 
     # ------------------------------------------------------------------ generation
 
@@ -457,7 +480,8 @@ class PolicyClient:
         start = time.perf_counter()
         tries = [1]
         try:
-            data = await self._heartbeat.watched(url, self._post_retrying(url, body, tries))
+            post = partial(self._post, url, body)
+            data = await self._heartbeat.watched(url, self._retried(url, post, tries))
         except EngineHungError as err:
             if mark_down:
                 self._mark_down(url)
@@ -492,12 +516,13 @@ class PolicyClient:
         if self._router.mark_down(url):  # warn once per outage, not per failed request
             log.warning("policy server %s unavailable; avoided for %.0f s", url, self.config.down_s)
 
-    async def _post_retrying(
-        self, url: str, body: dict[str, Any], tries: list[int]
+    async def _retried(
+        self, url: str, request: Callable[[], Awaitable[dict[str, Any]]], tries: list[int]
     ) -> dict[str, Any]:
-        """``_post`` with the retry policy; ``tries[0]`` counts the attempts made."""
+        """``request()`` (one try of a request to ``url``) with the retry policy;
+        ``tries[0]`` counts the attempts made."""
         try:
-            return await self._post(url, body)
+            return await request()
         except openai.OpenAIError as first:
             # The tenacity machinery costs client CPU; only a failed request pays for it.
             if not _retryable(first) or self.config.max_attempts < 2:
@@ -511,7 +536,7 @@ class PolicyClient:
         async for attempt in self._retrying():
             with attempt:
                 tries[0] += 1
-                return await self._post(url, body)
+                return await request()
         raise AssertionError("unreachable: tenacity re-raises the last error")
 
     def _retrying(self) -> AsyncRetrying:

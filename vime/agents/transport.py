@@ -110,27 +110,39 @@ class Transport:
         raw = await self.client(url).post("/completions", cast_to=httpx2.Response, body=body)
         return json.loads(raw.content)
 
+    async def models(self, url: str) -> dict[str, Any]:
+        """GET ``url``'s ``/v1/models``; the parsed JSON answer (failures as :meth:`post`'s)."""
+        if self.kind == "direct":
+            return await self._direct("GET", url, "/v1/models", None)
+        raw = await self.client(url).get("/models", cast_to=httpx2.Response)
+        return json.loads(raw.content)
+
     async def _post_direct(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST with aiohttp; failures raise the SDK's exceptions, as the SDK path does."""
-        endpoint = f"{url}/v1/completions"
+        return await self._direct("POST", url, "/v1/completions", json.dumps(body).encode())
+
+    async def _direct(self, method: str, url: str, path: str, data: bytes | None) -> dict[str, Any]:
+        """One request with aiohttp; failures raise the SDK's exceptions, as the SDK path
+        does (but a connection the server dropped is a connection error, not the SDK's
+        "Request timed out.")."""
+        endpoint = f"{url}{path}"
         timeout = aiohttp.ClientTimeout(total=self.timeout_s())
         try:
-            async with self.session().post(
-                endpoint, data=json.dumps(body).encode(), headers=self.headers(url), timeout=timeout
+            async with self.session().request(
+                method, endpoint, data=data, headers=self.headers(url), timeout=timeout
             ) as resp:
                 status, content = resp.status, await resp.read()
         except TimeoutError as err:
-            raise openai.APITimeoutError(request=httpx2.Request("POST", endpoint)) from err
+            raise openai.APITimeoutError(request=httpx2.Request(method, endpoint)) from err
         except aiohttp.ClientError as err:
             raise openai.APIConnectionError(
-                message=f"{type(err).__name__}: {err}", request=httpx2.Request("POST", endpoint)
+                message=f"{type(err).__name__}: {err}", request=httpx2.Request(method, endpoint)
             ) from err
         if status >= 400:
             try:
                 detail: Any = json.loads(content)
             except ValueError:
                 detail = content.decode(errors="replace")
-            response = httpx2.Response(status, request=httpx2.Request("POST", endpoint))
+            response = httpx2.Response(status, request=httpx2.Request(method, endpoint))
             message = detail_of(detail) or f"HTTP {status}"
             raise openai.APIStatusError(message, response=response, body=detail)
         return json.loads(content)
@@ -163,6 +175,31 @@ def _sdk_headers(client: openai.AsyncOpenAI) -> dict[str, str]:
 def error_detail(err: openai.APIStatusError) -> str:
     """The server's own message in an HTTP error (the SDK's text if it sent none)."""
     return detail_of(err.body) or str(err)
+
+
+def with_cause(err: BaseException | None) -> str:
+    """``err`` and, where another error caused it, the first one: the SDK calls a
+    connection the server dropped "Request timed out."; the cause says what happened.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise ConnectionResetError("reset by peer")
+        ...     except OSError as cause:
+        ...         raise RuntimeError("Request timed out.") from cause
+        ... except RuntimeError as err:
+        ...     with_cause(err)
+        'Request timed out. (ConnectionResetError: reset by peer)'
+    """
+    root = err
+    while root is not None:
+        below = root.__cause__ or (None if root.__suppress_context__ else root.__context__)
+        if below is None:
+            break
+        root = below
+    if root is None or root is err:
+        return str(err)
+    return f"{err} ({type(root).__name__}: {root})"
 
 
 def detail_of(body: Any) -> str:
