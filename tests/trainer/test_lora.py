@@ -9,12 +9,13 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from tests.trainer._trainer_samples import random_samples
 from vime.trainer.config import TrainerConfig
 from vime.trainer.hf import read_hf_state
 from vime.trainer.lora import LoraConfig
-from vime.trainer.lora_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from vime.trainer.lora_export import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_hf_state, peft_name
 from vime.trainer.step import Trainer
 
 
@@ -63,6 +64,14 @@ def test_lora_trains_only_adapters_and_exports(lora_trainer, hf_checkpoints, tmp
     config = json.loads((peft_dir / ADAPTER_CONFIG).read_text())
     assert config["r"] == 4 and "q_proj" in config["target_modules"]
     assert any(".q_proj.lora_B." in k for k in read_hf_state_file(peft_dir / ADAPTER_WEIGHTS))
+    # The file (packed, one host copy, written by write_safetensors) holds the trained
+    # adapter bit for bit: what the merge uses, and q/k/v's A is linear_qkv's one A.
+    written, state = load_file(peft_dir / ADAPTER_WEIGHTS), adapter_hf_state(trainer.module)
+    assert written.keys() == state.keys()
+    assert all(torch.equal(written[k], state[k]) for k in state)
+    qkv = next(p for i, n, p in trainer.module.lora.pairs() if i == 0 and n == "linear_qkv")
+    for module in ("q_proj", "k_proj", "v_proj"):
+        assert torch.equal(written[peft_name(0, "self_attn", module, "A")], qkv.a.detach().cpu())
     hf_merged = tf.AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32)
     for row, s in zip(after, samples[:2], strict=True):
         gap = max(abs(a - b) for a, b in zip(row, hf_logprobs(hf_merged, s), strict=True))

@@ -15,6 +15,7 @@ Example:
 from __future__ import annotations
 
 import json
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,33 @@ def _gather(t: torch.Tensor, dim: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
+def _stage_adapter(model: Any) -> dict[str, torch.Tensor] | None:
+    """This pipeline stage's adapters, PEFT-named, where they live (the GPU): TP gathered,
+    B split like the fused weight, and a fused linear's one ``A`` shared (not copied) by
+    its modules. None for a model without adapters. Collective over TP."""
+    while hasattr(model, "module"):  # DDP
+        model = model.module
+    adapters = lora_of(model)
+    if adapters is None:
+        return None
+    spec = model.hf_spec
+    stage: dict[str, torch.Tensor] = {}
+    for i, name, pair in adapters.pairs():
+        block, modules = TARGETS[name]
+        if pair.column:  # A whole; B's rows split like the fused weight's
+            a_full = [pair.a.detach() for _ in modules]
+            kind = {"linear_qkv": "qkv", "linear_fc1": "fc1"}[name]
+            b_full = local_to_hf(kind, _gather(pair.b, 0), spec)
+        else:  # A's columns split over TP; B whole
+            a_full = local_to_hf("row", _gather(pair.a, 1), spec)
+            b_full = [pair.b.detach()]
+        for module, a, b in zip(modules, a_full, b_full, strict=True):
+            stage[peft_name(i, block, module, "A")] = a
+            stage[peft_name(i, block, module, "B")] = b
+    return stage
+
+
+@torch.no_grad()
 def adapter_hf_state(model: Any) -> dict[str, torch.Tensor] | None:
     """The adapters as PEFT-named float tensors on global rank 0 (None elsewhere, and for a
     model without adapters). Collective: every rank calls it (TP all-gather, PP gather).
@@ -59,25 +87,11 @@ def adapter_hf_state(model: Any) -> dict[str, torch.Tensor] | None:
     """
     from megatron.core import parallel_state as ps
 
-    while hasattr(model, "module"):  # DDP
-        model = model.module
-    adapters = lora_of(model)
-    if adapters is None:
+    local = _stage_adapter(model)
+    if local is None:
         return None
-    spec = model.hf_spec
-    stage: dict[str, torch.Tensor] = {}
-    for i, name, pair in adapters.pairs():
-        block, modules = TARGETS[name]
-        if pair.column:  # A whole; B's rows split like the fused weight's
-            a_full = [pair.a.detach().clone() for _ in modules]
-            kind = {"linear_qkv": "qkv", "linear_fc1": "fc1"}[name]
-            b_full = local_to_hf(kind, _gather(pair.b, 0), spec)
-        else:  # A's columns split over TP; B whole
-            a_full = local_to_hf("row", _gather(pair.a, 1), spec)
-            b_full = [pair.b.detach()]
-        for module, a, b in zip(modules, a_full, b_full, strict=True):
-            stage[peft_name(i, block, module, "A")] = a.cpu().contiguous()
-            stage[peft_name(i, block, module, "B")] = b.cpu().contiguous()
+    # copy=True: never an alias of the trainer's parameters (q/k/v get three A tensors)
+    stage = {k: v.to("cpu", copy=True).contiguous() for k, v in local.items()}
     if ps.get_pipeline_model_parallel_world_size() > 1:
         group = ps.get_pipeline_model_parallel_group()
         parts: list[Any] = [None] * dist.get_world_size(group)
@@ -119,16 +133,75 @@ def export_peft(model: Any, folder: str | Path, *, base: str | Path) -> Path | N
         >>> sorted(p.name for p in out.iterdir())
         ['adapter_config.json', 'adapter_model.safetensors']
     """
-    state = adapter_hf_state(model)
+    from megatron.core import parallel_state as ps
+
     adapters = lora_of(model)
-    if state is None or adapters is None:
+    tensors: dict[str, torch.Tensor] | None
+    if ps.get_pipeline_model_parallel_world_size() > 1:  # stages gathered as objects
+        tensors = adapter_hf_state(model)
+    else:  # one device-to-host copy of the packed tensors (1.78B, rank 32: 74 MB)
+        tensors = _stage_adapter(model)
+    if tensors is None or adapters is None or dist.get_rank() != 0:
         return None
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    save_file(state, str(out / ADAPTER_WEIGHTS), metadata={"format": "pt"})
+    write_safetensors(tensors, out / ADAPTER_WEIGHTS)
     text = json.dumps(peft_config(adapters.config, base), indent=2)
     (out / ADAPTER_CONFIG).write_text(text + "\n")
     return out
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path) -> int:
+    """Write ``tensors`` (one dtype, on any device) as a safetensors file, the format
+    ``safetensors.torch.save_file`` writes, with one device-to-host copy of them all
+    packed (into a reused pinned buffer) and one write; returns the bytes written.
+    Tensors of mixed dtypes go through ``save_file``.
+
+    Example:
+        >>> from safetensors.torch import load_file
+        >>> write_safetensors({"a": torch.ones(2, 3), "b": torch.zeros(4)}, tmp / "t.st")
+        192
+        >>> load_file(tmp / "t.st")["a"].sum().item()
+        6.0
+    """
+    names = sorted(tensors)
+    dtype = tensors[names[0]].dtype
+    if dtype not in _ST_DTYPES or any(tensors[n].dtype != dtype for n in names):
+        save_file({n: t.to("cpu").contiguous() for n, t in tensors.items()}, str(path))
+        return Path(path).stat().st_size
+    header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for n in names:
+        size = tensors[n].numel() * tensors[n].element_size()
+        header[n] = {"dtype": _ST_DTYPES[dtype], "shape": list(tensors[n].shape)}
+        header[n]["data_offsets"] = [offset, offset + size]
+        offset += size
+    flat = torch.cat([tensors[n].reshape(-1) for n in names])  # one kernel on the GPU
+    host = _host_copy(flat)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # data 8-byte aligned, as safetensors pads
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text)
+        f.write(host.view(torch.uint8).numpy().data)
+    return 8 + len(text) + offset
+
+
+_ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
+_PINNED: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # the last size's host buffer
+
+
+def _host_copy(flat: torch.Tensor) -> torch.Tensor:
+    """``flat`` on the host: a CPU tensor as is, a GPU one copied into a pinned buffer
+    kept for the next export (pinning 74 MB anew costs more than the copy)."""
+    if flat.device.type == "cpu":
+        return flat
+    key = (flat.numel(), flat.dtype)
+    if key not in _PINNED:
+        _PINNED.clear()
+        _PINNED[key] = torch.empty(key[0], dtype=key[1], pin_memory=True)
+    host = _PINNED[key]
+    host.copy_(flat)  # blocking: the write below reads it
+    return host
 
 
 def merge_adapters(
