@@ -1,8 +1,7 @@
 """What episodes lost to an engine end with when no engine comes back
 (:mod:`vime.eval.lost_engines`), against a URL where nothing listens: each way of giving up
 writes one reason that names the engine and what to do. The engine SIGKILLed for real, and
-restarted: ``tests/faults/test_eval_engine_killed.py`` of commit 61b3c98, out of the suite
-until its one unexplained failure is understood (RELIABILITY.md)."""
+restarted: ``tests/faults/test_eval_engine_killed.py``."""
 
 from __future__ import annotations
 
