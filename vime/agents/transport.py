@@ -37,8 +37,9 @@ TRANSPORTS = ("direct", "sdk")
 
 
 class Transport:
-    """POSTs to ``/v1/completions`` and the aiohttp session the client's probes share.
-    ``timeout_s()`` is read at each request (the run sets the client's after building it)."""
+    """POSTs to ``/v1/completions``, GETs ``/v1/models``, and the aiohttp session the
+    client's probes share. ``timeout_s()`` is read at each request (the run sets the
+    client's after building it)."""
 
     def __init__(
         self, kind: str, *, max_connections: int, timeout_s: Callable[[], float], api_key: str
