@@ -120,3 +120,27 @@ def test_shared_prefix_refuses_the_layouts_it_replaces():
         TrainerConfig(shared_prefix=True, pack_sequences=True)
     with pytest.raises(ConfigError, match=r"trainer\.attention=sdpa"):
         TrainerConfig(shared_prefix=True, attention="megatron")
+
+
+def test_shared_prefix_is_refused_where_no_tree_is_built():
+    from transformers import Gemma2Config, Qwen2Config
+
+    from vime.errors import TrainerError
+    from vime.trainer.micro_batches import check_shared_prefix
+    from vime.trainer.model import model_spec_from_hf
+
+    small = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2)
+    heads = dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    qwen = model_spec_from_hf(Qwen2Config(**small, **heads))
+    gemma = model_spec_from_hf(Gemma2Config(**small, **heads))
+    on = TrainerConfig(shared_prefix=True)
+    one_rank = {"tp": 1, "pp": 1, "ep": 1}
+    check_shared_prefix(on, one_rank, qwen)  # one rank, plain attention: built
+    for split, spec in (
+        ({**one_rank, "tp": 2}, qwen),
+        ({**one_rank, "pp": 2}, qwen),
+        (one_rank, gemma),
+    ):
+        with pytest.raises(TrainerError, match=r"set trainer\.shared_prefix=false"):
+            check_shared_prefix(on, split, spec)
+    check_shared_prefix(TrainerConfig(), {**one_rank, "tp": 2}, gemma)  # off: nothing to refuse
