@@ -4,7 +4,11 @@ that host, and at exit; ``vime-agent sandbox gc`` is the last resort.
 
 When such a host answers again, this process's containers that its daemon left ``dead``
 or stopped are removed too: a daemon killed mid-removal restores the container as
-``dead`` and leaves it to the client (moby), whichever side was removing it.
+``dead`` and leaves it to the client (moby), whichever side was removing it. A removal
+that fails while the host answers (a dead container's filesystem still busy), or a
+container the daemon leaves dead a little later, is retried in the background for about
+a minute after the host is back (``RETRY_DELAYS_S``), not only when the next sandbox
+starts there.
 
 Example:
     >>> remove_unremoved("unix:///nonexistent.sock")
@@ -14,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import threading
+import time
 
 from vime.sandbox.client import docker_client
 from vime.sandbox.config import owner_labels
@@ -22,6 +27,10 @@ from vime.sandbox.config import owner_labels
 # sandbox next starts on that host, and at exit; `vime-agent sandbox gc` is the last resort.
 _unremoved: dict[str, set[str]] = {}
 _unremoved_lock = threading.Lock()
+# After a retry that leaves some behind on a host that answers: retry again after these
+# delays (a dead container's rootfs can stay busy for seconds after its shim exits).
+RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0)
+_retrying: set[str] = set()  # hosts with a background retry pending
 
 
 def remove_container(host: str, container_id: str) -> bool:
@@ -64,7 +73,34 @@ def remove_unremoved(host: str | None = None) -> list[str]:
                 break
         else:
             left += [c for c in _left_behind(h) if not remove_container(h, c)]
+            # Back from an outage: a dead container's filesystem can stay busy, and the
+            # restarted daemon can leave more dead ones a little later; look again soon.
+            _retry_in_background(h)
     return left
+
+
+def _retry_in_background(host: str) -> None:
+    """After each of ``RETRY_DELAYS_S``: retry ``host``'s queued removals and remove this
+    process's dead or stopped containers there (one daemon thread per host at a time: it
+    cannot delay exit)."""
+    with _unremoved_lock:
+        if host in _retrying:
+            return
+        _retrying.add(host)
+
+    def retry() -> None:
+        try:
+            for delay in RETRY_DELAYS_S:
+                time.sleep(delay)
+                with _unremoved_lock:
+                    queued = sorted(_unremoved.get(host, ()))
+                for container in queued + _left_behind(host):
+                    remove_container(host, container)
+        finally:
+            with _unremoved_lock:
+                _retrying.discard(host)
+
+    threading.Thread(target=retry, name="vime-removal-retry", daemon=True).start()
 
 
 def _left_behind(host: str) -> list[str]:
