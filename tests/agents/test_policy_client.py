@@ -17,6 +17,7 @@ import httpx2
 import openai
 import pytest
 
+from tests.agents._raw_http import answer_json
 from vime.agents.policy_client import (
     ContextLengthError,
     EngineUnavailableError,
@@ -261,13 +262,7 @@ def test_connection_dropped_under_a_request_is_resent_at_once(transport: str) ->
                 if requests == 1:  # read the request, then hang up without answering
                     writer.close()
                     return
-                payload = json.dumps(completion([4, 2])).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(payload)}\r\n\r\n".encode()
-                    + payload
-                )
-                await writer.drain()
+                await answer_json(writer, completion([4, 2]))
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
@@ -484,13 +479,7 @@ def test_the_model_card_is_asked_once_for_all_callers_and_a_dropped_connection_r
                 if requests == 1:
                     writer.close()
                     return
-                payload = json.dumps(card).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(payload)}\r\n\r\n".encode()
-                    + payload
-                )
-                await writer.drain()
+                await answer_json(writer, card)
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 

@@ -14,6 +14,7 @@ import socket
 
 import pytest
 
+from tests.agents._raw_http import answer_json
 from vime.agents.policy_client import EngineUnavailableError, PolicyClient
 from vime.types import SamplingParams
 
@@ -68,13 +69,7 @@ class FakeEngine:
                 body = await reader.readexactly(int(length.group(1)) if length else 0)
                 self.requests.append(json.loads(body))
                 await self.hold.wait()
-                payload = json.dumps(_completion(self.ids)).encode()
-                writer.write(
-                    b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n"
-                    + f"content-length: {len(payload)}\r\n\r\n".encode()
-                    + payload
-                )
-                await writer.drain()
+                await answer_json(writer, _completion(self.ids))
         except (asyncio.IncompleteReadError, ConnectionError):
             writer.close()
 
