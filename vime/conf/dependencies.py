@@ -305,6 +305,13 @@ RULES: tuple[Needs, ...] = (
         inert=False,
     ),
     Needs(
+        ("sync.lora_load",),
+        "trainer.lora.rank",
+        lambda c: c.trainer.lora.rank > 0,
+        "(only a LoRA run loads adapters)",
+        "set trainer.lora.rank > 0 (e.g. +experiment=lora), or leave sync.lora_load unset",
+    ),
+    Needs(
         ("sync.full_every",),
         "sync.delta",
         lambda c: c.sync.delta,

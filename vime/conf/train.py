@@ -37,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 from vime.agents.collector import CollectorConfig
 from vime.config import require, require_choice
 from vime.engine.config import EngineConfig
+from vime.engine.launch import device as engine_device
 from vime.envs.task_source import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig, WatchdogConfig
 from vime.placement.config import PlacementConfig
 from vime.sync.config import SyncConfig
+from vime.sync.lora import lora_load
 from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
@@ -486,6 +488,14 @@ class TrainConfig:
             f"sync=disk (got {self.sync.method}) and no rollout.store (got {self.rollout.store!r}) "
             "with it, or trainer.lora.rank=0",
         )
+        if lora:  # sync.lora_load=ipc where it cannot work is refused here, at start
+            lora_load(
+                self.sync.lora_load,
+                device=engine_device(self.engine),
+                colocated=self.placement.mode == "colocated",
+                pp=self.placement.pp,
+                external=bool(self.engine.url or self.placement.engine_urls),
+            )
         if self.sync.method == "disk":
             return
         require(

@@ -20,6 +20,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from vime.engine import lora_ipc
 from vime.engine.config import EngineConfig
 from vime.errors import ConfigError
 
@@ -46,18 +47,19 @@ def max_lora_rank(rank: int) -> int:
 
 def lora_launch(config: EngineConfig, rank: int) -> EngineConfig:
     """``config`` with the flags and environment that serve adapters of ``rank`` (max
-    loras 2: the serving and the loading version; the CPU cache holds one more).
+    loras 2: the serving and the loading version; the CPU cache holds one more), and
+    vime's patch that loads adapters by CUDA IPC handles (:mod:`vime.engine.lora_ipc`).
 
     Example:
         >>> lora_launch(EngineConfig(), 16).env
-        {'VLLM_ALLOW_RUNTIME_LORA_UPDATING': 'True'}
+        {'VLLM_ALLOW_RUNTIME_LORA_UPDATING': 'True', 'VIME_VLLM_LORA_IPC': '1'}
     """
     args = ["--enable-lora", "--max-lora-rank", str(max_lora_rank(rank))]
     args += ["--max-loras", "2", "--max-cpu-loras", "3"]
     return dataclasses.replace(
         config,
         extra_args=[*config.extra_args, *args],
-        env={**config.env, RUNTIME_ENV: "True"},
+        env={**config.env, RUNTIME_ENV: "True", lora_ipc.ENV: "1"},
     )
 
 

@@ -224,9 +224,10 @@ class TrainerGroup:
         """HF export (TP/PP shards gathered once; rank 0 writes)."""
         return self._call("export_hf", str(folder))
 
-    def export_adapter(self, folder: str | Path) -> Path | None:
-        """LoRA: the adapters as a PEFT folder (TP shards gathered once; rank 0 writes)."""
-        return self._call("export_adapter", str(folder))
+    def export_adapter(self, folder: str | Path, share: bool = False) -> Path | None:
+        """LoRA: the adapters as a PEFT folder (TP shards gathered once; rank 0 writes);
+        ``share``: by CUDA IPC, the file written after (:mod:`vime.trainer.lora_share`)."""
+        return self._call("export_adapter", str(folder), share)
 
     def send_weights(self, transfer: Transfer, dtype: str) -> dict[str, float]:
         """GPU weight sync: every rank gathers the HF tensors on its GPU (TP shards once),

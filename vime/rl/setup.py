@@ -29,6 +29,7 @@ from vime.agents.policy_client import PolicyClient
 from vime.conf.train import TrainConfig
 from vime.engine import EngineClient, is_vllm_cpu, routed_experts
 from vime.engine.fleet import EngineFleet
+from vime.engine.launch import device as engine_device
 from vime.engine.lora import adapter_name, lora_launch
 from vime.envs import TaskSource, preflight_env
 from vime.errors import ConfigError, DiskFullError, is_disk_full
@@ -56,7 +57,7 @@ from vime.runs.folder import (
 )
 from vime.sync.base import WeightSync
 from vime.sync.gpu import build_weight_sync
-from vime.sync.lora import LoraWeightSync
+from vime.sync.lora import LoraWeightSync, lora_load
 from vime.trainer.critic import Critic
 from vime.trainer.parallel import init_distributed
 from vime.trainer.reference import ReferenceModel
@@ -262,6 +263,13 @@ def engine_clients(
             base=base,
             policy=policy,
             restart_dead=group.restart_dead_engines,
+            load=lora_load(
+                cfg.sync.lora_load,
+                device=engine_device(cfg.engine),
+                colocated=cfg.placement.mode == "colocated",
+                pp=cfg.placement.pp,
+                external=bool(external),
+            ),
         )
     else:
         sync = build_weight_sync(

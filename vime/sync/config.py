@@ -36,14 +36,20 @@ class SyncConfig:
             tensor verified by the engine; :mod:`vime.sync.delta_disk`); disk only so far.
         full_every: with delta, every full_every-th sync is a full one (3: full, delta,
             delta, full, ...); 0: only the first sync and the one after an engine restart.
+        lora_load: with trainer.lora.rank > 0, how engines load each adapter: file (vLLM
+            reads the PEFT folder), ipc (the trainer's GPU buffer by CUDA IPC handles, the
+            file written after; GPU engines colocated, placement.pp=1) or auto (ipc where
+            it can work, else file; :func:`vime.sync.lora.lora_load`).
     """
 
     method: str = "disk"
     delta: bool = False
     full_every: int = 10
+    lora_load: str = "auto"
 
     def __post_init__(self) -> None:
         require_choice(self.method, "sync.method", METHODS)
+        require_choice(self.lora_load, "sync.lora_load", ("auto", "ipc", "file"))
         require(self.full_every >= 0, "sync.full_every", "must be >= 0 (0 = never)")
         require(
             not self.delta or self.method == "disk",

@@ -48,7 +48,7 @@ def _gather(t: torch.Tensor, dim: int) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def _stage_adapter(model: Any) -> dict[str, torch.Tensor] | None:
+def stage_adapter(model: Any) -> dict[str, torch.Tensor] | None:
     """This pipeline stage's adapters, PEFT-named, where they live (the GPU): TP gathered,
     B split like the fused weight, and a fused linear's one ``A`` shared (not copied) by
     its modules. None for a model without adapters. Collective over TP."""
@@ -87,7 +87,7 @@ def adapter_hf_state(model: Any) -> dict[str, torch.Tensor] | None:
     """
     from megatron.core import parallel_state as ps
 
-    local = _stage_adapter(model)
+    local = stage_adapter(model)
     if local is None:
         return None
     # copy=True: never an alias of the trainer's parameters (q/k/v get three A tensors)
@@ -140,7 +140,7 @@ def export_peft(model: Any, folder: str | Path, *, base: str | Path) -> Path | N
     if ps.get_pipeline_model_parallel_world_size() > 1:  # stages gathered as objects
         tensors = adapter_hf_state(model)
     else:  # one device-to-host copy of the packed tensors (1.78B, rank 32: 74 MB)
-        tensors = _stage_adapter(model)
+        tensors = stage_adapter(model)
     if tensors is None or adapters is None or dist.get_rank() != 0:
         return None
     out = Path(folder)
@@ -169,38 +169,63 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path) -> int
     if dtype not in _ST_DTYPES or any(tensors[n].dtype != dtype for n in names):
         save_file({n: t.to("cpu").contiguous() for n, t in tensors.items()}, str(path))
         return Path(path).stat().st_size
+    return write_packed(safetensors_header(tensors), pack(tensors), path)
+
+
+def safetensors_header(tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """The safetensors header of ``tensors`` (one dtype), names sorted: the layout that
+    :func:`pack` gives their bytes.
+
+    Example:
+        >>> safetensors_header({"b": torch.zeros(4), "a": torch.ones(2)})["b"]
+        {'dtype': 'F32', 'shape': [4], 'data_offsets': [8, 24]}
+    """
     header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
     offset = 0
-    for n in names:
+    for n in sorted(tensors):
         size = tensors[n].numel() * tensors[n].element_size()
-        header[n] = {"dtype": _ST_DTYPES[dtype], "shape": list(tensors[n].shape)}
+        header[n] = {"dtype": _ST_DTYPES[tensors[n].dtype], "shape": list(tensors[n].shape)}
         header[n]["data_offsets"] = [offset, offset + size]
         offset += size
-    flat = torch.cat([tensors[n].reshape(-1) for n in names])  # one kernel on the GPU
-    host = _host_copy(flat)
+    return header
+
+
+def pack(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``tensors`` (one dtype) flattened into one tensor where they are, names sorted: a
+    safetensors file's data section (one kernel on the GPU)."""
+    return torch.cat([tensors[n].reshape(-1) for n in sorted(tensors)])
+
+
+def write_packed(
+    header: dict[str, Any], flat: torch.Tensor, path: str | Path, pinned: dict | None = None
+) -> int:
+    """Write the safetensors file of :func:`pack`'s ``flat`` (on any device) with its
+    ``header``; returns the bytes written. ``pinned`` keeps the host buffer between calls
+    (a writer thread passes its own)."""
+    host = _host_copy(flat, _PINNED if pinned is None else pinned)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # data 8-byte aligned, as safetensors pads
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text)
         f.write(host.view(torch.uint8).numpy().data)
-    return 8 + len(text) + offset
+    return 8 + len(text) + host.numel() * host.element_size()
 
 
 _ST_DTYPES = {torch.bfloat16: "BF16", torch.float16: "F16", torch.float32: "F32"}
 _PINNED: dict[tuple[int, torch.dtype], torch.Tensor] = {}  # the last size's host buffer
 
 
-def _host_copy(flat: torch.Tensor) -> torch.Tensor:
+def _host_copy(flat: torch.Tensor, pinned: dict) -> torch.Tensor:
     """``flat`` on the host: a CPU tensor as is, a GPU one copied into a pinned buffer
-    kept for the next export (pinning 74 MB anew costs more than the copy)."""
+    kept in ``pinned`` for the next export (pinning 74 MB anew costs more than the copy)."""
     if flat.device.type == "cpu":
         return flat
     key = (flat.numel(), flat.dtype)
-    if key not in _PINNED:
-        _PINNED.clear()
-        _PINNED[key] = torch.empty(key[0], dtype=key[1], pin_memory=True)
-    host = _PINNED[key]
-    host.copy_(flat)  # blocking: the write below reads it
+    if key not in pinned:
+        pinned.clear()
+        pinned[key] = torch.empty(key[0], dtype=key[1], pin_memory=True)
+    host = pinned[key]
+    host.copy_(flat)  # blocking: the write reads it
     return host
 
 

@@ -50,6 +50,7 @@ from vime.trainer.hf import export_hf, load_hf_weights
 from vime.trainer.logprobs import gather_sequence_parallel, greedy_hits, token_logprobs
 from vime.trainer.lora import add_lora
 from vime.trainer.lora_export import export_peft
+from vime.trainer.lora_share import share_peft
 from vime.trainer.losses import aggregate, denominator_from_counts, policy_loss
 from vime.trainer.micro_batches import (
     check_routing_replay,
@@ -574,12 +575,11 @@ class Trainer:
         """
         return export_hf(self.module, folder, like=self.hf_folder)
 
-    def export_adapter(self, folder: str | Path) -> Path | None:
+    def export_adapter(self, folder: str | Path, share: bool = False) -> Path | None:
         """Write the LoRA adapters (``trainer.lora.rank`` > 0) as a PEFT folder for vLLM's
         ``/v1/load_lora_adapter``; :meth:`export_hf` writes them merged. Collective.
-
-        """
-        return export_peft(self.module, folder, base=self.hf_folder)
+        ``share``: by CUDA IPC, the file after (:func:`~vime.trainer.lora_share.share_peft`)."""
+        return (share_peft if share else export_peft)(self.module, folder, base=self.hf_folder)
 
 
 def use_fused_adam(optimizer: Any) -> None:
