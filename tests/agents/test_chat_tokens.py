@@ -163,3 +163,32 @@ def test_template_mismatch_error_mode_raises(thinking_tok) -> None:
 def test_mode_is_validated(tok) -> None:
     with pytest.raises(ConfigError, match="on_template_mismatch"):
         ChatTokens(tok, OPENING, on_template_mismatch="ignore")
+
+
+def test_samples_of_one_task_render_their_opening_once(tiny_model_dir) -> None:
+    """A group's n episodes open with the same messages: the template renders them once
+    (vime.agents.tokenizer_memo) and every episode gets the same exact ids; other tools,
+    messages or a new template render afresh."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)  # its own: the test changes it
+    renders: list[bool] = []
+    original = tok.apply_chat_template
+
+    def counted(*args, **kwargs):
+        renders.append(kwargs.get("add_generation_prompt", False))
+        return original(*args, **kwargs)
+
+    tok.apply_chat_template = counted
+    chats = [ChatTokens(tok, OPENING, tools=TOOLS) for _ in range(8)]
+    assert len(renders) == 1
+    text = original(OPENING, tools=TOOLS, tokenize=False, add_generation_prompt=True)
+    assert all(chat.tokens == tok.encode(text) and chat.text == text for chat in chats)
+    chats[0].tokens.append(7)  # each episode owns its list
+    assert chats[1].tokens == tok.encode(text)
+    ChatTokens(tok, OPENING)  # no tools
+    ChatTokens(tok, [*OPENING[:1], {"role": "user", "content": "What is 2+2?"}], tools=TOOLS)
+    assert len(renders) == 3
+    tok.chat_template = tok.chat_template + " "  # a program sets a new template
+    ChatTokens(tok, OPENING, tools=TOOLS)
+    assert len(renders) == 4

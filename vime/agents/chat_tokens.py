@@ -61,6 +61,7 @@ import logging
 import re
 from typing import Any
 
+from vime.agents.tokenizer_memo import memo_of, prompt_key
 from vime.errors import TemplateError
 from vime.types import Message
 
@@ -122,20 +123,22 @@ class ChatTokens:
         self.mismatches: list[str] = []
         self.stop_substitutions = 0
         # Special tokens end a turn; their text is what a template writes at a turn's end.
-        self._special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-        self._special_texts = sorted(
-            (str(t) for t in getattr(tokenizer, "all_special_tokens", []) or []),
-            key=len,
-            reverse=True,
-        )
+        memo = memo_of(tokenizer)
+        self._special_ids = memo.special_ids
+        self._special_texts = memo.special_texts
         # After a mismatch in keep_history mode, renders of the full history are useless.
         self._delta_mode = False
         # Where each training sample starts in ``tokens``; [0]: the episode is one sample
         # (vime.agents.turn_samples starts one per turn the template re-renders).
         self.sample_starts: list[int] = [0]
 
-        text = self.render(self.messages, add_generation_prompt=True)
-        ids = list(prompt_ids) if prompt_ids is not None else self.encode(text)
+        if prompt_ids is None:  # a group's n samples open alike: rendered once (memo)
+            template = getattr(tokenizer, "chat_template", None)
+            key = prompt_key(self.messages, self.tools, self.template_kwargs, template)
+            text, opening = memo.prompt(key, self._render_prompt)
+            ids = list(opening)
+        else:
+            text, ids = self.render(self.messages, add_generation_prompt=True), list(prompt_ids)
         self.tokens: list[int] = ids
         self.loss_mask: list[int] = [0] * len(ids)
         self.logprobs: list[float] = [0.0] * len(ids)
@@ -148,6 +151,11 @@ class ChatTokens:
         self._turn_open = False
 
     # ------------------------------------------------------------------ rendering
+
+    def _render_prompt(self) -> tuple[str, list[int]]:
+        """The opening messages' text, with the generation prompt, and its ids."""
+        text = self.render(self.messages, add_generation_prompt=True)
+        return text, self.encode(text)
 
     def render(self, messages: list[Message], add_generation_prompt: bool) -> str:
         """Render ``messages`` (with this episode's tools) to text with the chat template.
