@@ -50,10 +50,13 @@ case "${1:-start}" in
     # containerd is started by dockerd itself (its own state lives under exec-root).
     # VIME_DOCKERD_ARGS: extra flags, e.g. "--bridge=none --iptables=false" for a second
     # daemon that must leave the first one's bridge and firewall rules alone.
+    # The log is appended to: after a crash, the dead daemon's lines (what it was removing
+    # when it died) stay beside the restarted one's.
+    echo "--- dockerd.sh start $(date -u +%FT%TZ)" >>"$run/dockerd.log"
     # shellcheck disable=SC2086
     setsid dockerd --host "$DOCKER_HOST" --data-root "$run/data" --exec-root "$exec_root" \
       --pidfile "$run/docker.pid" --storage-driver overlay2 ${VIME_DOCKERD_ARGS:-} \
-      >"$run/dockerd.log" 2>&1 </dev/null &
+      >>"$run/dockerd.log" 2>&1 </dev/null &
     wait_until 60 answers || give_up "dockerd did not answer on $sock within 60 s" "$run/dockerd.log"
     # vime reads this file when DOCKER_HOST is not set (vime.sandbox.client.default_host).
     echo "$DOCKER_HOST" | tee "$run/host"

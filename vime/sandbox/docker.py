@@ -13,7 +13,8 @@ How the guarantees are implemented:
   sandbox user can write, System V IPC included (see :mod:`vime.sandbox.inside`).
 - **Removal**: containers are created with docker's auto-remove, so one that stops (killed
   from outside, its daemon restarted) is removed by the daemon; a removal that fails
-  because the daemon is down is retried when the host answers again and at exit.
+  (the daemon down, or refusing: 409, 500) is retried until docker says the container
+  is gone (:mod:`vime.sandbox.removal`).
 - **Timeouts**: the container's PID 1 is a tiny init (Python, or ``sh`` where the image
   has none; :data:`vime.sandbox.inside.INIT_CMD`) that reaps orphans and, on SIGUSR1, calls ``kill(-1, SIGKILL)``: every process
   of the sandbox user dies, including daemons that left the process group, and PID 1
