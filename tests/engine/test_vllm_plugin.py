@@ -10,7 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vime.engine import cpu_fork, cpu_seed_rewind, vllm_plugin
+from vime.engine import cpu_seed_rewind, vllm_plugin
 
 
 def test_inert_unless_the_launcher_asks(monkeypatch):
@@ -102,17 +102,3 @@ def test_seeded_requests_survive_a_chunked_prefill(tiny_model_dir, tmp_path):
     assert "CPU Generator does not use offset" not in "".join(
         p.read_text(errors="replace") for p in tmp_path.glob("*.log")
     )
-
-
-def test_cpu_engine_processes_are_forked(vllm_server):
-    """A launched CPU server's engine core and worker are forks of its API server
-    (vime.engine.cpu_fork). The server log tells: the API server says so, and neither
-    child loads vime's plugin afresh, which a spawned one (a new interpreter) does, with
-    its own ``vime:`` lines (checked by hand with ``VIME_VLLM_CPU_FORK=0``: 3 lines each)."""
-    if vllm_server.external or vllm_server.log_path is None:
-        pytest.skip("an attached server: vime did not launch it")
-    lines = vllm_server.log_path.read_text(errors="replace").splitlines()
-    assert any("(APIServer" in line and cpu_fork.FORKED in line for line in lines)
-    fresh = [line for line in lines if "vime:" in line and "(APIServer" not in line]
-    assert fresh == []
-    assert any("(EngineCore" in line for line in lines)  # the engine core logged at all

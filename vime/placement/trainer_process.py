@@ -30,7 +30,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Iterator
 from multiprocessing.connection import Connection
@@ -216,7 +215,7 @@ def reap_checkpoint_writer_with_this_process() -> None:
     if getattr(filesystem_async, "_results_queue", "absent") is not None:
         return  # made already, or this megatron-core has no such queue
     manager = SyncManager(ctx=mp.get_context("spawn"))
-    manager.start(initializer=_serve_checkpoint_results)
+    manager.start(initializer=_die_with_parent)
     filesystem_async._results_queue = manager.Queue()
 
 
@@ -230,20 +229,6 @@ def _reply(conn: Connection, kind: str, value: Any) -> None:
         except Exception:
             value = TrainerError(f"{type(value).__name__}: {value}")
     conn.send((kind, value, TRACE.drain(), TRACE.take_totals()))
-
-
-def _serve_checkpoint_results() -> None:
-    """The results queue's server process: dies with its parent, and imports the write
-    results' classes (torch's checkpoint package) in the background. Unpickling the first
-    save's results would import them on the save's path: 4.5 of the first checkpoint's
-    4.8 s (measured, the main job's tiny model on 2 cores; later saves 0.15-0.5 s)."""
-    _die_with_parent()
-    threading.Thread(target=_import_write_results, name="import write results", daemon=True).start()
-
-
-def _import_write_results() -> None:
-    with contextlib.suppress(ImportError):
-        import torch.distributed.checkpoint.storage  # noqa: F401
 
 
 def _die_with_parent() -> None:
