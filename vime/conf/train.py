@@ -31,24 +31,22 @@ from __future__ import annotations
 import shlex
 import shutil
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from vime.agents.collector import CollectorConfig
+from vime.conf.train_checks import ADVANTAGES as ADVANTAGES  # vime.rl.advantages reads it
+from vime.conf.train_checks import check_train_config
 from vime.config import require, require_choice
 from vime.engine.config import EngineConfig
-from vime.engine.launch import device as engine_device
 from vime.envs.task_source import TaskSourceConfig
 from vime.errors import ConfigError
 from vime.models.templates import load_chat_template
 from vime.observability.config import MetricsConfig, TraceConfig, WatchdogConfig
 from vime.placement.config import PlacementConfig
 from vime.sync.config import SyncConfig
-from vime.sync.lora import lora_load
 from vime.trainer.config import TrainerConfig
 from vime.trainer.critic import CriticConfig
 from vime.trainer.reference import ReferenceConfig
-from vime.trainer.sampler_replay import unreplayed_fields
 from vime.types import SamplingParams
 
 if TYPE_CHECKING:
@@ -56,9 +54,6 @@ if TYPE_CHECKING:
 
 GROUPS = ("env", "model", "algorithm", "engine", "rollout")
 MODES = ("sync", "async")
-# Advantage estimators and over-long handling (vime.rl.advantages, docs/algorithms.md).
-ADVANTAGES = ("grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae")
-OVERLONG_MODES = ("none", "mask", "penalty")
 
 
 @dataclass
@@ -306,7 +301,7 @@ class AgentConfig:
 @dataclass
 class AlgorithmConfig:
     """How a step's rewards become advantages (docs/algorithms.md; the keys are checked
-    against each other and the trainer's in :class:`TrainConfig`). The ``algorithm=``
+    against each other and the trainer's in :mod:`vime.conf.train_checks`). The ``algorithm=``
     group (``grpo``, ``dr_grpo``, ``gspo``) sets these and the trainer's loss together.
 
     Example:
@@ -381,146 +376,4 @@ class TrainConfig:
         require(self.steps >= 1, "steps", "must be >= 1")
         require(self.eval_every >= 0, "eval_every", "must be >= 0 (0 = never)")
         require(self.save_every >= 0, "save_every", "must be >= 0 (0 = only at the end)")
-        self._check_sync()
-        self._check_algorithms()
-        self._check_critic()
-        self._check_sampler_replay()
-        self.trace.check_engine(
-            self.engine.profiler_dir, bool(self.engine.url or self.placement.engine_urls)
-        )
-        require(
-            not (self.engine.url and self.placement.engine_urls),
-            "engine.url",
-            "and placement.engine_urls both name external engines; list them all in "
-            "placement.engine_urls",
-        )
-        require(
-            self.trainer.temperature == self.rollout.collector.sampling.temperature,
-            "trainer.temperature",
-            f"must equal rollout.collector.sampling.temperature "
-            f"({self.rollout.collector.sampling.temperature}): the trainer's log-probs must be "
-            "of the distribution the engine sampled from",
-        )
-
-    def _check_sampler_replay(self) -> None:
-        """The trainer replays the sampler's truncation, not what ``extra_body`` adds."""
-        unreplayed = unreplayed_fields(self.rollout.collector.sampling.extra_body)
-        require(
-            not (self.trainer.sampler_replay and unreplayed),
-            "rollout.collector.sampling.extra_body",
-            f"holds {unreplayed}, which change the distribution vLLM samples from in a way "
-            "the trainer cannot replay (trainer.sampler_replay=true): its log-probs would be "
-            "of another distribution than the rollouts'. Pass top_p / top_k / min_p / "
-            "temperature as rollout.collector.sampling's own keys, drop the others, or set "
-            "trainer.sampler_replay=false to score the whole vocabulary knowingly",
-        )
-
-    def _check_algorithms(self) -> None:
-        """The algorithm keys, and each key that needs another one set (named both)."""
-        a, loss = self.algorithm, self.trainer.loss
-        require_choice(a.advantage, "algorithm.advantage", ADVANTAGES)
-        require_choice(a.overlong, "algorithm.overlong", OVERLONG_MODES)
-        require(a.kl_reward_coef >= 0, "algorithm.kl_reward_coef", "must be >= 0 (0 = off)")
-        require(
-            a.overlong != "penalty" or a.overlong_penalty > 0,
-            "algorithm.overlong_penalty",
-            "must be > 0 with algorithm.overlong=penalty (it is subtracted from the reward)",
-        )
-        require(
-            a.overlong_penalty == 0 or a.overlong == "penalty",
-            "algorithm.overlong_penalty",
-            f"is set but algorithm.overlong={a.overlong!r}: set algorithm.overlong=penalty",
-        )
-        require(
-            a.normalize_std or a.advantage == "grpo",
-            "algorithm.normalize_std",
-            f"=false applies to algorithm.advantage=grpo only (it is {a.advantage!r})",
-        )
-        kl_on = loss.kl_coef > 0 or a.kl_reward_coef > 0
-        require(
-            not self.reference.path or kl_on,
-            "reference.path",
-            "is set but no KL term uses it: set trainer.loss.kl_coef or algorithm.kl_reward_coef "
-            "> 0",
-        )
-        require(
-            loss.kl_estimator == "k3" or kl_on,
-            "trainer.loss.kl_estimator",
-            "is set but no KL term uses it: set trainer.loss.kl_coef or algorithm.kl_reward_coef "
-            "> 0",
-        )
-        require(
-            not self.reference.path or Path(self.reference.path, "config.json").exists(),
-            "reference.path",
-            f"{self.reference.path} is not an HF checkpoint folder (no config.json)",
-        )
-
-    def _check_critic(self) -> None:
-        """The critic and GAE keys' values (used with ``algorithm.advantage=gae`` only: see
-        :mod:`vime.conf.dependencies`)."""
-        a, c = self.algorithm, self.critic
-        require(0 <= a.gamma <= 1, "algorithm.gamma", f"must be in [0, 1], got {a.gamma}")
-        require(
-            0 <= a.gae_lambda <= 1,
-            "algorithm.gae_lambda",
-            f"must be in [0, 1], got {a.gae_lambda}",
-        )
-        require(
-            not c.path or Path(c.path, "config.json").exists(),
-            "critic.path",
-            f"{c.path} is not an HF checkpoint folder (no config.json)",
-        )
-
-    def _check_sync(self) -> None:
-        """The GPU transports' needs, checked at start rather than at the first sync."""
-        require(
-            self.rollout.mode == "sync" or self.placement.mode == "split",
-            "rollout.mode",
-            "=async plays rollouts while the trainer trains, and placement.mode=colocated "
-            "engines sleep then; use placement.mode=split (engines on their own devices) "
-            "or rollout.mode=sync",
-        )
-        lora = self.trainer.lora.rank > 0
-        require(
-            not lora or (self.sync.method == "disk" and not self.rollout.store),
-            "trainer.lora.rank",
-            f"> 0 syncs adapters as PEFT folders that the run's own engines load: set "
-            f"sync=disk (got {self.sync.method}) and no rollout.store (got {self.rollout.store!r}) "
-            "with it, or trainer.lora.rank=0",
-        )
-        if lora:  # sync.lora_load=ipc where it cannot work is refused here, at start
-            lora_load(
-                self.sync.lora_load,
-                device=engine_device(self.engine),
-                colocated=self.placement.mode == "colocated",
-                pp=self.placement.pp,
-                external=bool(self.engine.url or self.placement.engine_urls),
-            )
-        if self.sync.method == "disk":
-            return
-        require(
-            self.engine.device == "cuda",
-            "engine.device",
-            f"must be cuda for sync={self.sync.method} (vLLM's weight transfer moves CUDA "
-            f"tensors; got {self.engine.device!r}); use engine=gpu or sync=disk",
-        )
-        if self.sync.method == "nccl":
-            require(
-                self.placement.mode == "split",
-                "placement.mode",
-                "must be split for sync=nccl: NCCL cannot put the trainer and an engine "
-                "on one GPU; use sync=ipc for colocated engines",
-            )
-            return
-        require(
-            self.placement.mode == "colocated",
-            "placement.mode",
-            "must be colocated for sync=ipc: CUDA IPC shares memory on the same GPU; "
-            "use sync=nccl for engines on their own GPUs",
-        )
-        require(
-            self.placement.pp == 1,
-            "placement.pp",
-            "must be 1 for sync=ipc: every trainer rank hands its GPU's engines the full "
-            "tensors, which only TP gathers onto every rank",
-        )
+        check_train_config(self)  # the cross-key checks (vime.conf.train_checks)
