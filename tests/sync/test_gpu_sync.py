@@ -25,6 +25,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from tests.sync._gpu_engine import tiny_gpu_engine
 from vime.conf.compose import load_config
 from vime.engine import EngineClient
 from vime.engine.fleet import weight_transfer_launch
@@ -323,23 +324,17 @@ def gpu_engines(tmp_path_factory):
     reason = _gpu_reason(1)
     if reason:
         pytest.skip(reason)
-    from vime.engine import EngineConfig, VLLMServer
-    from vime.models.tiny import build_tiny_model
+    from vime.engine import VLLMServer
 
     servers = {}
     for backend, gpu in (("ipc", 0), ("nccl", 1)):
         if gpu >= torch.cuda.device_count():
             continue
         args, env = weight_transfer_launch(backend)
-        config = EngineConfig(
-            model=str(build_tiny_model()),
-            device="cuda",
-            dtype="bfloat16",
-            max_model_len=256,
-            gpu_memory_utilization=0.1,
-            extra_args=["--enforce-eager", *args],  # eager: starts in seconds, same numerics
+        config = tiny_gpu_engine(
+            tmp_path_factory.mktemp(f"vllm-{backend}"),
+            extra_args=args,
             env={**env, "CUDA_VISIBLE_DEVICES": str(gpu)},
-            log_dir=str(tmp_path_factory.mktemp(f"vllm-{backend}")),
         )
         servers[backend] = VLLMServer(config).start(wait=False)
     try:

@@ -27,6 +27,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tests.sync._gpu_engine import tiny_gpu_engine
 from vime.engine import lora_ipc
 from vime.errors import ConfigError, WeightSyncError
 from vime.sync.config import SyncConfig
@@ -163,19 +164,10 @@ def lora_server(tmp_path_factory):
     reason = _gpu_reason()
     if reason:
         pytest.skip(reason)
-    from vime.engine import EngineConfig, VLLMServer
+    from vime.engine import VLLMServer
     from vime.engine.lora import lora_launch
-    from vime.models.tiny import build_tiny_model
 
-    config = EngineConfig(
-        model=str(build_tiny_model()),
-        device="cuda",
-        dtype="bfloat16",
-        max_model_len=256,
-        gpu_memory_utilization=0.1,
-        extra_args=["--enforce-eager"],
-        log_dir=str(tmp_path_factory.mktemp("vllm-lora")),
-    )
+    config = tiny_gpu_engine(tmp_path_factory.mktemp("vllm-lora"))
     server = VLLMServer(lora_launch(config, 8)).start(wait=False)
     try:
         server.wait_ready()
