@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Bring vime's Python stack to a GPU machine that has no package registry, as wheels in
-# ≤60 MiB chunk folders that travel one per call (see README.md beside this file).
+# ≤54 MiB chunk folders that travel one per call (see README.md beside this file).
 #
 # Here (a machine with PyPI):
 #   bash scripts/device/wheels.sh stage               # both sets: trainer, then vllm
@@ -22,7 +22,10 @@ stage_dir="$root/.device/wheels"
 # next call does not name is removed there), and where the wheels are installed.
 keep=${VIME_WHEEL_CACHE:-/tmp/vime-wheels}
 site=${VIME_SITE:-/tmp/site}
-chunk_mib=${VIME_CHUNK_MIB:-60}
+# 54, not 60: a device call carries the working tree and the chunk together, 64 MiB in all;
+# a 60 MiB chunk plus the tree (≈4 MiB of files) went over it. 54 leaves ~6 MiB for the
+# tree to grow. Raise VIME_CHUNK_MIB only where the limit is larger.
+chunk_mib=${VIME_CHUNK_MIB:-54}
 pip=(${PIP:-python3 -m pip})
 say() { printf '[wheels] %s\n' "$*"; }
 
