@@ -4,13 +4,14 @@ and seeded requests survive a chunked prefill on CPU (vime.engine.cpu_seed_rewin
 from __future__ import annotations
 
 import json
+import os
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vime.engine import cpu_seed_rewind, vllm_plugin
+from vime.engine import cpu_fork, cpu_seed_rewind, vllm_plugin
 
 
 def test_inert_unless_the_launcher_asks(monkeypatch):
@@ -102,3 +103,27 @@ def test_seeded_requests_survive_a_chunked_prefill(tiny_model_dir, tmp_path):
     assert "CPU Generator does not use offset" not in "".join(
         p.read_text(errors="replace") for p in tmp_path.glob("*.log")
     )
+
+
+def test_cpu_engine_processes_are_forked_and_the_worker_bound(vllm_server):
+    """A launched CPU server's engine core and worker are forks of its API server where
+    vLLM binds its worker to one core (vime.engine.cpu_fork), and the forked worker is
+    bound to that core as a spawned one is. The server log tells the fork: the API server
+    says so, and neither child loads vime's plugin afresh, which a spawned one (a new
+    interpreter) does, with its own ``vime:`` lines (checked by hand with
+    ``VIME_VLLM_CPU_FORK=0``: 3 lines each, and the worker bound to core 0 either way)."""
+    psutil = pytest.importorskip("psutil")
+    if vllm_server.external or vllm_server.log_path is None:
+        pytest.skip("an attached server: vime did not launch it")
+    lines = vllm_server.log_path.read_text(errors="replace").splitlines()
+    if not any(cpu_fork.FORKED in line for line in lines):
+        pytest.skip("vLLM binds this machine's worker to several cores: spawned, as vLLM does")
+    assert any("(APIServer" in line and cpu_fork.FORKED in line for line in lines)
+    fresh = [line for line in lines if "vime:" in line and "(APIServer" not in line]
+    assert fresh == []
+    assert any("(EngineCore" in line for line in lines)  # the engine core logged at all
+    children = psutil.Process(vllm_server.pid).children(recursive=True)
+    workers = [p for p in children if "Worker" in p.name()]  # vLLM titles it VLLM::Worker
+    assert len(workers) == 1, [(p.pid, p.name(), p.cmdline()) for p in children]
+    bound = {tuple(sorted(os.sched_getaffinity(t.id))) for t in workers[0].threads()}
+    assert len(bound) == 1 and len(next(iter(bound))) == 1, bound  # all on one same core

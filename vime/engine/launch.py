@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from vime.engine import (
+    cpu_fork,
     cpu_moe_reload,
     cpu_seed_rewind,
     delta_worker,
@@ -251,6 +252,7 @@ def environment(c: EngineConfig) -> dict[str, str]:
     env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
     env.pop(cpu_seed_rewind.ENV, None)
     env.pop(cpu_moe_reload.ENV, None)
+    env.pop(cpu_fork.ENV, None)
     env.pop(routed_experts.ENV, None)  # on only through routed_experts.launch (c.env)
     if device(c) == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
@@ -267,8 +269,10 @@ def environment(c: EngineConfig) -> dict[str, str]:
             env["OMP_NUM_THREADS"] = str(c.omp_threads)
         else:
             # vLLM binds its worker's OpenMP threads to cores itself (and overrides
-            # OMP_NUM_THREADS there); the API server and engine core need one thread.
+            # OMP_NUM_THREADS there); the API server and engine core need one thread,
+            # and with one they can fork their children (vime.engine.cpu_fork).
             env["OMP_NUM_THREADS"] = "1"
+            env[cpu_fork.ENV] = "1"
     env.update(c.env)
     return env
 
