@@ -111,6 +111,9 @@ def _one_core_per_worker(vllm_config: Any) -> bool:
     """Whether vLLM will bind every local worker of ``vllm_config`` to exactly one core."""
     from vllm.utils.ompmultiprocessing import OMPProcessManager
 
-    manager = OMPProcessManager(vllm_config)
+    try:
+        manager = OMPProcessManager(vllm_config)
+    except Exception:  # a binding vLLM itself refuses: spawn, and let vLLM say why
+        return False
     lists = [] if manager.skip_setup else manager.cpu_lists
     return bool(lists) and all(len(cpus) == 1 for cpus in lists)
