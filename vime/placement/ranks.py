@@ -68,12 +68,16 @@ class Ranks:
     @classmethod
     def start(cls, placement: PlacementConfig, *, external: int = 0, join: bool = True) -> Ranks:
         """Check the placement against what torchrun started, then join torch.distributed
-        (not with ``join=False``: the trainer then lives in a child process, which joins).
+        (not with ``join=False``: the trainer then lives in a child process, which joins;
+        nor in a world of one, where the trainer joins as it is built).
         ``Ranks.start(PlacementConfig()).layout.dp`` is the data-parallel size.
         """
         cluster = Cluster.from_env()
         layout = check_placement(placement, cluster, external=external)
-        if join:
+        if join and cluster.world_size > 1:
+            # A world of one needs no rendezvous here: :class:`Trainer` joins when it is
+            # built, which the run overlaps with the engines' start (megatron's parallel
+            # state, imported to join, was about 2 s before the engines launched).
             init_distributed(layout.tp, layout.pp, layout.ep)
         control = None
         if cluster.world_size > 1:
