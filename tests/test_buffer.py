@@ -139,3 +139,19 @@ def test_survives_kill_9_without_loss_or_duplication(tmp_path: Path, run_then_si
     for ep, uid in zip(replay, stored[:16], strict=True):
         ep.uid = uid
     assert buf.append(replay, step=0) == 0
+
+
+def test_an_episode_record_is_asdicts_byte_for_byte():
+    """Episode.to_dict skips asdict's per-token deep copy: the same JSON, key order too,
+    with nested dataclasses (turns, one in metadata), tuples and MoE routings; and the
+    record's lists are copies, not the episode's own."""
+    from dataclasses import asdict
+
+    ep = make_episode(3)
+    ep.metadata = {"nested": [1, {"turn": Turn(1, 2, "stop")}, (3, 4)]}
+    ep.routed_experts = [[[i % 4, 1]] for i in range(len(ep.tokens))]
+    record = ep.to_dict()
+    assert json.dumps(record) == json.dumps({**asdict(ep), "status": ep.status.value})
+    record["tokens"].append(0)
+    record["routed_experts"][0][0].append(9)
+    assert len(ep.tokens) == 12 and ep.routed_experts[0][0] == [0, 1]

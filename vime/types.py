@@ -19,7 +19,7 @@ from __future__ import annotations
 import enum
 import math
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 Message = dict[str, Any]
@@ -275,8 +275,22 @@ class Episode:
         return min(sampled) if sampled else -1
 
     def to_dict(self) -> dict[str, Any]:
-        """A JSON-serialisable dict (the buffer's on-disk record)."""
-        d = asdict(self)
+        """A JSON-serialisable dict (the buffer's on-disk record): ``asdict``'s, built
+        without its copy of every token one by one (``copy.deepcopy`` per list element: about
+        1 ms per main-job episode, half a second of every step's buffer write).
+
+        Example:
+            >>> from dataclasses import asdict
+            >>> ep = Episode("t", "e", [5, 6], [0, 1], [0.0, -0.5], turns=[Turn(1, 1, "stop")])
+            >>> ep.to_dict() == {**asdict(ep), "status": "completed"}
+            True
+        """
+        d = {
+            # numbers only: a shallow copy is a deep one
+            name: list(value) if name in _FLAT_LISTS else _plain(value)
+            for name in _EPISODE_FIELDS
+            for value in (getattr(self, name),)
+        }
         d["status"] = self.status.value
         return d
 
@@ -368,3 +382,24 @@ class Sample:
             sampler=ep.sampler,
             routed_experts=None if ep.routed_experts is None else ep.routed_experts[a:b],
         )
+
+
+# Episode's fields in order, and those whose lists hold only numbers (copied whole; the
+# others are converted as ``dataclasses.asdict`` does).
+_FLAT_LISTS = ("tokens", "loss_mask", "rollout_logprobs", "weight_versions", "sample_starts")
+_EPISODE_FIELDS = tuple(f.name for f in fields(Episode))
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with its dataclasses turned into dicts and its containers copied, as
+    ``dataclasses.asdict`` does for a field (other objects are returned, not deep-copied:
+    they are serialised right away)."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    if hasattr(value, "__dataclass_fields__") and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    return value
