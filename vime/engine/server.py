@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from vime.engine import launch, startup_log
+from vime.engine.client import tls_context
 from vime.engine.config import EngineConfig
 
 # Their old home: vime.rl.warm_start and others import them from here.
@@ -241,7 +242,12 @@ class VLLMServer:
 
     def _query_model_name(self) -> str:
         try:
-            r = httpx.get(self.url + "/v1/models", headers=engine_headers(self.url), timeout=5.0)
+            r = httpx.get(
+                self.url + "/v1/models",
+                headers=engine_headers(self.url),
+                timeout=5.0,
+                verify=tls_context(),
+            )
             r.raise_for_status()
             return str(r.json()["data"][0]["id"])
         except Exception:
@@ -254,7 +260,10 @@ class VLLMServer:
         try:
             # /health is open on vime's engines; an external one may guard it too.
             answer = httpx.get(
-                self.url + "/health", headers=engine_headers(self.url), timeout=timeout_s
+                self.url + "/health",
+                headers=engine_headers(self.url),
+                timeout=timeout_s,
+                verify=tls_context(),
             )
             return answer.status_code == 200
         except httpx.HTTPError:
