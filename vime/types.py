@@ -18,12 +18,34 @@ from __future__ import annotations
 
 import enum
 import math
-import uuid
+import os
+import random
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 Message = dict[str, Any]
 """One OpenAI chat message: ``{"role": "user", "content": "..."}`` (plus ``tool_calls`` etc.)."""
+
+# new_uid's generator, seeded from the OS and again in every forked child (or a fork's
+# ids would repeat its parent's).
+_uid_bits = random.Random(os.urandom(32))
+os.register_at_fork(after_in_child=lambda: _uid_bits.seed(os.urandom(32)))
+
+
+def new_uid() -> str:
+    """A random 128-bit id in hex, as ``uuid.uuid4().hex`` writes it (32 digits), for the
+    collector's hot path: ``uuid4`` reads the OS's random source by a system call that
+    lets go of the GIL, and beside a busy Python thread (an env's) the event loop then
+    waited for it again: 0.46 ms an id against 0.5 µs (measured on 2 cores); a main-job
+    step makes about 1,600 ids. Unique, not secret: never use it for keys or tokens.
+
+    Example:
+        >>> a, b = new_uid(), new_uid()
+        >>> len(a), int(a, 16) >= 0, a != b
+        (32, True, True)
+    """
+    return f"{_uid_bits.getrandbits(128):032x}"
+
 
 MAX_LISTED_ERRORS = 8
 """Parse errors listed in one observation; more are counted, so the observation stays short."""
@@ -222,7 +244,7 @@ class Episode:
     metrics: dict[str, float] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     # Unique id of this episode: the DataBuffer de-duplicates on it.
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    uid: str = field(default_factory=new_uid)
     # Where each training sample starts in tokens: [] or [0] is one sample; more when
     # collector.sample_per_turn cut the episode into turns (vime.agents.turn_samples).
     sample_starts: list[int] = field(default_factory=list)

@@ -60,7 +60,6 @@ import asyncio
 import logging
 import queue
 import threading
-import uuid
 from collections.abc import AsyncGenerator, Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -76,7 +75,7 @@ from vime.agents.tool_parsers import PARSERS, get_parser
 from vime.agents.turn_samples import check_template_keys
 from vime.config import require, require_choice
 from vime.errors import EnvError
-from vime.types import Episode, SamplingParams
+from vime.types import Episode, SamplingParams, new_uid
 
 logger = logging.getLogger(__name__)
 
@@ -391,7 +390,7 @@ class Collector:
         """Every task ``n_samples`` times, each task in a new group (a GRPO group)."""
         jobs = []
         for k, task in enumerate(tasks):
-            group = f"{task['id']}:{uuid.uuid4().hex[:8]}"
+            group = f"{task['id']}:{new_uid()[:8]}"
             jobs += [(k, i, group) for i in range(self.config.n_samples)]
         return jobs
 
@@ -439,7 +438,7 @@ class Collector:
             task=task,
             index=index,
             group=group,
-            policy=SampledPolicy(context, uuid.uuid4().hex),
+            policy=SampledPolicy(context, new_uid()),
             tokenizer=self.tokenizer,
             sampling=self.config.sampling,
             budget=context.budget,

@@ -28,7 +28,6 @@ import asyncio
 import dataclasses
 import logging
 import time
-import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from concurrent.futures import Executor
@@ -48,7 +47,7 @@ from vime.envs.contract import validate_reset_result, validate_step_result
 from vime.envs.wrappers import EpisodeGuard
 from vime.errors import EngineError, EnvError, TemplateError
 from vime.observability.trace import TRACE
-from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn
+from vime.types import Action, Episode, EpisodeStatus, Message, SamplingParams, Turn, new_uid
 
 logger = logging.getLogger(__name__)
 
@@ -216,7 +215,7 @@ class EpisodeRun:
         self.index = index
         self.group = group
         self.factory = factory
-        self.uid = uuid.uuid4().hex  # the client's session: one server for the whole episode
+        self.uid = new_uid()  # the client's session: one server for the whole episode
         self.t_start = time.perf_counter()
         self.timings = {"reset_s": 0.0, "generate_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
         self.turns: list[Turn] = []

@@ -48,7 +48,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,7 +61,7 @@ from vime.extensions import load_function
 from vime.observability.trace import TRACE
 from vime.sandbox.config import SandboxConfig
 from vime.sandbox.leases import Lease, lease
-from vime.types import Episode, EpisodeStatus, Message, SamplingParams
+from vime.types import Episode, EpisodeStatus, Message, SamplingParams, new_uid
 
 logger = logging.getLogger(__name__)
 
@@ -147,7 +146,7 @@ class GenerateContext:
     env_id: str
     make_env: EnvFactory
     episode_context: EpisodeContext  # the collector's, for the built-in loop
-    uid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    uid: str = field(default_factory=new_uid)
 
     def chat(
         self, messages: list[Message], tools: list[dict[str, Any]] | None = None
