@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from fractions import Fraction
@@ -166,21 +167,40 @@ def answers_equal(pred: str, gold: str) -> bool:
     return _math_verify_equal(p, g)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _math_verify_equal(pred: str, gold: str) -> bool:
-    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+    """math-verify's verdict, kept per pair: it is a pure function of the two strings, and
+    a group's samples repeat their gold answer and often their predictions (an ANTLR parse
+    and a sympy comparison are milliseconds of Python, run under the collector's GIL)."""
+    gold_parsed, pred_parsed = _parsed(gold), _parsed(pred)
+    if not gold_parsed or not pred_parsed:
+        return False
+    try:
+        return bool(_verify(list(gold_parsed), list(pred_parsed)))
+    except Exception:  # math-verify raises on exotic input; a wrong format scores 0
+        return False
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _parsed(expr: str) -> tuple[Any, ...]:
+    """math-verify's parse of ``expr`` as a boxed answer (sympy objects are immutable, so
+    one parse serves every comparison); () where it finds nothing or fails."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse
 
     _silence_timeout_warning()
     config = [LatexExtractionConfig(), ExprExtractionConfig()]
     try:
         # parsing_timeout/timeout_seconds=None: no signal.alarm, so this works in any thread;
         # is_pathological() above is the guard that replaces the timeout.
-        gold_parsed = parse(f"\\boxed{{{gold}}}", config, parsing_timeout=None)  # type: ignore[arg-type]
-        pred_parsed = parse(f"\\boxed{{{pred}}}", config, parsing_timeout=None)  # type: ignore[arg-type]
-        if not gold_parsed or not pred_parsed:
-            return False
-        return bool(verify(gold_parsed, pred_parsed, timeout_seconds=None))
+        return tuple(parse(f"\\boxed{{{expr}}}", config, parsing_timeout=None))  # type: ignore[arg-type]
     except Exception:  # math-verify raises on exotic input; a wrong format scores 0
-        return False
+        return ()
+
+
+def _verify(gold: list[Any], pred: list[Any]) -> bool:
+    from math_verify import verify
+
+    return bool(verify(gold, pred, timeout_seconds=None))
 
 
 def score_answer(response: str, gold: Any) -> MathScore:

@@ -140,3 +140,34 @@ def test_scoring_works_in_worker_threads():
         t.join()
     assert not errors
     assert [results[i] for i in range(len(symbolic))] == [w for _, _, w in symbolic]
+
+
+def test_math_verify_verdicts_are_kept_and_unchanged():
+    """The fallback to math-verify keeps its verdicts and parses per string (a group's
+    samples repeat them): the same verdicts as a fresh parse and verify, and a repeat
+    is a cache hit."""
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    from envs.math import reward
+
+    def fresh(pred: str, gold: str) -> bool:
+        config = [LatexExtractionConfig(), ExprExtractionConfig()]
+        g = parse(f"\\boxed{{{gold}}}", config, parsing_timeout=None)
+        p = parse(f"\\boxed{{{pred}}}", config, parsing_timeout=None)
+        return bool(g and p and verify(g, p, timeout_seconds=None))
+
+    pairs = [
+        ("37+58", "95"),
+        (r"\frac{1}{2}", "0.5"),
+        ("x^2+2x+1", "(x+1)^2"),
+        ("96", "95"),
+        ("9 5", "95"),
+        ("abc", "95"),
+        (r"\sqrt{4}", "2"),
+        ("2,3", "3,2"),
+    ]
+    reward._math_verify_equal.cache_clear()
+    assert [reward._math_verify_equal(p, g) for p, g in pairs] == [fresh(p, g) for p, g in pairs]
+    hits = reward._math_verify_equal.cache_info().hits
+    assert [reward._math_verify_equal(p, g) for p, g in pairs] == [fresh(p, g) for p, g in pairs]
+    assert reward._math_verify_equal.cache_info().hits == hits + len(pairs)
