@@ -142,10 +142,10 @@ def test_scoring_works_in_worker_threads():
     assert [results[i] for i in range(len(symbolic))] == [w for _, _, w in symbolic]
 
 
-def test_math_verify_verdicts_are_kept_and_unchanged():
-    """The fallback to math-verify keeps its verdicts and parses per string (a group's
-    samples repeat them): the same verdicts as a fresh parse and verify, and a repeat
-    is a cache hit."""
+def test_math_verify_parses_are_kept_and_verdicts_unchanged():
+    """The fallback to math-verify keeps its parses per string (a group's samples share
+    their gold answer): the same verdicts as a fresh parse and verify, and a repeated
+    string is a cache hit."""
     from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
     from envs.math import reward
@@ -166,8 +166,8 @@ def test_math_verify_verdicts_are_kept_and_unchanged():
         (r"\sqrt{4}", "2"),
         ("2,3", "3,2"),
     ]
-    reward._math_verify_equal.cache_clear()
+    reward._parsed.cache_clear()
     assert [reward._math_verify_equal(p, g) for p, g in pairs] == [fresh(p, g) for p, g in pairs]
-    hits = reward._math_verify_equal.cache_info().hits
+    hits = reward._parsed.cache_info().hits
     assert [reward._math_verify_equal(p, g) for p, g in pairs] == [fresh(p, g) for p, g in pairs]
-    assert reward._math_verify_equal.cache_info().hits == hits + len(pairs)
+    assert reward._parsed.cache_info().hits == hits + 2 * len(pairs)
