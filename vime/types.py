@@ -307,12 +307,11 @@ class Episode:
             >>> ep.to_dict() == {**asdict(ep), "status": "completed"}
             True
         """
-        d = {
+        d = {}
+        for name in _EPISODE_FIELDS:
+            value = getattr(self, name)
             # numbers only: a shallow copy is a deep one
-            name: list(value) if name in _FLAT_LISTS else _plain(value)
-            for name in _EPISODE_FIELDS
-            for value in (getattr(self, name),)
-        }
+            d[name] = list(value) if name in _FLAT_LISTS else _plain(value)
         d["status"] = self.status.value
         return d
 

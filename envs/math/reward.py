@@ -172,11 +172,13 @@ def _math_verify_equal(pred: str, gold: str) -> bool:
     samples share their gold answer. The verdicts are not kept: in a 4-step main job none
     of 52 pairs came twice, and a parse took 3-80 ms of Python alone (up to 1 s beside the
     collector's threads, on the tiny model's junk answers such as ``1box5``)."""
+    from math_verify import verify
+
     gold_parsed, pred_parsed = _parsed(gold), _parsed(pred)
     if not gold_parsed or not pred_parsed:
         return False
     try:
-        return bool(_verify(list(gold_parsed), list(pred_parsed)))
+        return bool(verify(list(gold_parsed), list(pred_parsed), timeout_seconds=None))
     except Exception:  # math-verify raises on exotic input; a wrong format scores 0
         return False
 
@@ -195,12 +197,6 @@ def _parsed(expr: str) -> tuple[Any, ...]:
         return tuple(parse(f"\\boxed{{{expr}}}", config, parsing_timeout=None))  # type: ignore[arg-type]
     except Exception:  # math-verify raises on exotic input; a wrong format scores 0
         return ()
-
-
-def _verify(gold: list[Any], pred: list[Any]) -> bool:
-    from math_verify import verify
-
-    return bool(verify(gold, pred, timeout_seconds=None))
 
 
 def score_answer(response: str, gold: Any) -> MathScore:

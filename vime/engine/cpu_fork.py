@@ -88,9 +88,9 @@ def _wrap(check: Any, worker_main: Any) -> list[Any]:
     def check_and_update_config(cls: Any, vllm_config: Any) -> None:
         first = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD") != "fork"  # not in a child
         original(cls, vllm_config)
-        if first and not _one_core_per_worker(vllm_config):
-            return  # vLLM's spawn stands
         if first:
+            if not _one_core_per_worker(vllm_config):
+                return  # vLLM's spawn stands
             # Logged here, not when patched: vLLM's logging is set up by now, and a forked
             # child inherits the patches without loading vime's plugin (nor logging) again.
             log.info("vime: %s", FORKED)

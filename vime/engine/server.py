@@ -242,12 +242,7 @@ class VLLMServer:
 
     def _query_model_name(self) -> str:
         try:
-            r = httpx.get(
-                self.url + "/v1/models",
-                headers=engine_headers(self.url),
-                timeout=5.0,
-                verify=tls_context(),
-            )
+            r = self._get("/v1/models", timeout_s=5.0)
             r.raise_for_status()
             return str(r.json()["data"][0]["id"])
         except Exception:
@@ -259,15 +254,18 @@ class VLLMServer:
             return False
         try:
             # /health is open on vime's engines; an external one may guard it too.
-            answer = httpx.get(
-                self.url + "/health",
-                headers=engine_headers(self.url),
-                timeout=timeout_s,
-                verify=tls_context(),
-            )
-            return answer.status_code == 200
+            return self._get("/health", timeout_s=timeout_s).status_code == 200
         except httpx.HTTPError:
             return False
+
+    def _get(self, path: str, timeout_s: float) -> httpx.Response:
+        """``GET path`` on this server, with its key where vime knows one."""
+        return httpx.get(
+            self.url + path,
+            headers=engine_headers(self.url),
+            timeout=timeout_s,
+            verify=tls_context(),
+        )
 
     def stop(self, grace_s: float = 15.0) -> None:
         """Stop a launched server: SIGTERM its process group (and SIGCONT, so that a frozen
