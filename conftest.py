@@ -49,8 +49,14 @@ def vllm_server(tiny_model_dir, tmp_path_factory):
     if url:
         yield VLLMServer.attach(url)
         return
+    from vime.engine import preload
+
     log_dir = tmp_path_factory.mktemp("vllm")
-    server = VLLMServer(EngineConfig(model=str(tiny_model_dir), log_dir=str(log_dir)))
+    config = EngineConfig(model=str(tiny_model_dir), log_dir=str(log_dir))
+    # Through a preload, as `vime-agent train` starts its CPU engine: the engine tests
+    # and the log-prob gap tests run on that path (tests/engine/test_preload.py).
+    preload.begin(config)
+    server = VLLMServer(config)
     server.start()
     try:
         yield server

@@ -21,7 +21,9 @@ What stays each side's own: TRL's advantages (the group's sample std + 1e-4; vim
 population std + 1e-6) and its loss over every group (vime leaves out the groups whose
 rewards are all equal, ``rollout.filter_groups``, from the token mean).
 
-The sides alternate, vime then TRL, ``--pairs`` times. Printed: one row per run (the
+The sides alternate, vime then TRL, ``--pairs`` times. TRL's pair k runs with the trainer's
+seed + k - 1, so that its runs spread as vime's do (vime's sampling is not seeded by the
+main job; a fixed seed gave TRL one same eval in every pair). Printed: one row per run (the
 median step over steps 2..N, rollout and train time, samples per second, the whole job's
 wall time from launch to exit, the CPU time of its process tree over that wall time, eval
 before and after) and the ratios vime / TRL of the medians over the pairs.
@@ -242,11 +244,14 @@ def _check_same_tasks(buffer: Path, tasks_file: Path, steps: int) -> None:
             )
 
 
-def run_trl(work: Path, settings: dict[str, Any], name: str, start_eval: float) -> dict[str, Any]:
-    """TRL's GRPOTrainer in its venv on the same problem; then vime's eval of its last
-    checkpoint (outside the timed job: vime's job times its own evals)."""
+def run_trl(
+    work: Path, settings: dict[str, Any], name: str, start_eval: float, seed_offset: int
+) -> dict[str, Any]:
+    """TRL's GRPOTrainer in its venv on the same problem, its seed moved by ``seed_offset``;
+    then vime's eval of its last checkpoint (outside the timed job: vime's job times its
+    own evals)."""
     out = work / name
-    own = {**settings, "out": str(out)}
+    own = {**settings, "out": str(out), "seed": settings["seed"] + seed_offset}
     (work / f"{name}.json").write_text(json.dumps(own))
     cmd = [
         str(peer_python()),
@@ -355,7 +360,28 @@ def report(runs: dict[str, list[dict[str, float]]], steps: int) -> str:
         vime_v = statistics.median(r[key] for r in runs["vime"])
         trl_v = statistics.median(r[key] for r in runs["trl"])
         lines.append(f"vime / TRL {name}: {vime_v / trl_v:.2f}")
+    lines.append(eval_spreads(runs))
     return "\n".join(lines)
+
+
+def eval_spreads(runs: dict[str, list[dict[str, float]]]) -> str:
+    """The eval at the end, each side's range over its runs and whether they overlap.
+
+    Example:
+        >>> eval_spreads({"vime": [{"eval_end": 0.7}, {"eval_end": 0.8}],
+        ...               "trl": [{"eval_end": 0.75}]})
+        'eval at the end: vime 0.700-0.800 (median 0.750), TRL 0.750-0.750 (median 0.750); the ranges overlap'
+    """
+    parts, ranges = [], {}
+    for side, label in (("vime", "vime"), ("trl", "TRL")):
+        ends = [r["eval_end"] for r in runs[side]]
+        ranges[side] = (min(ends), max(ends))
+        parts.append(
+            f"{label} {min(ends):.3f}-{max(ends):.3f} (median {statistics.median(ends):.3f})"
+        )
+    (lo_v, hi_v), (lo_t, hi_t) = ranges["vime"], ranges["trl"]
+    overlap = "overlap" if lo_v <= hi_t and lo_t <= hi_v else "do not overlap"
+    return f"eval at the end: {', '.join(parts)}; the ranges {overlap}"
 
 
 def compare(steps: int, pairs: int, threads: int, keep: bool) -> int:
@@ -370,7 +396,7 @@ def compare(steps: int, pairs: int, threads: int, keep: bool) -> int:
             vime_run = run_vime(work, steps, f"vime-{pair}")
             runs["vime"].append(summary(vime_run, samples))
             print(f"pair {pair} vime: {_line(vime_run, runs['vime'][-1])}", flush=True)
-            trl_run = run_trl(work, settings, f"trl-{pair}", vime_run["eval"][0])
+            trl_run = run_trl(work, settings, f"trl-{pair}", vime_run["eval"][0], pair - 1)
             runs["trl"].append(summary(trl_run, samples))
             print(f"pair {pair} TRL:  {_line(trl_run, runs['trl'][-1])}", flush=True)
     finally:

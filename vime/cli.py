@@ -21,7 +21,7 @@ from vime.errors import VimeError
 # command -> (module:function, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": (
-        "vime.rl.loop:main",
+        "vime.rl.train_command:main",
         "run RL training: vime-agent train env=math|tools|swe [key=value ...]",
     ),
     "eval": (

@@ -8,7 +8,7 @@ import json
 import pytest
 from omegaconf import OmegaConf
 
-from vime.rl.loop import main
+from vime.rl.train_command import main
 
 pytestmark = [pytest.mark.engine, pytest.mark.slow]
 

@@ -43,6 +43,7 @@ from vime.engine import (
 )
 from vime.engine.config import EngineConfig
 from vime.errors import EngineStartupError
+from vime.observability.stall import HEARTBEATS_ENV
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +228,9 @@ def environment(c: EngineConfig) -> dict[str, str]:
     # A server launched from a torchrun rank must not read the trainer's world
     # (vLLM initialises torch.distributed for its own workers).
     env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_VARS}
+    # The run's heartbeat folder is for its trainer processes: the engine never beats, and
+    # a variable the run sets after its start would keep a preloaded server from this launch.
+    env.pop(HEARTBEATS_ENV, None)
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",

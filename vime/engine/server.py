@@ -37,7 +37,7 @@ from typing import Any
 
 import httpx
 
-from vime.engine import launch, startup_log
+from vime.engine import launch, preload, startup_log
 from vime.engine.client import tls_context
 from vime.engine.config import EngineConfig
 
@@ -82,6 +82,7 @@ class VLLMServer:
         self._log_path: Path | None = None
         self._model_name: str = ""
         self.startup_s: float | None = None  # last measured start → ready time
+        self.preloaded = False  # started by a preloaded process (vime.engine.preload)
 
     # ------------------------------------------------------------------ construction
 
@@ -199,7 +200,11 @@ class VLLMServer:
         self._log_file.flush()
         log.info("starting vLLM: %s (log: %s)", " ".join(cmd), self._log_path)
         self._started_at = time.monotonic()
-        self._proc = launch.spawn(cmd, self.environment(), self._log_file)
+        env = self.environment()
+        # A process that has imported vLLM already, where one was preloaded for this launch.
+        proc = preload.take(cmd, env, self._log_path)
+        self.preloaded = proc is not None
+        self._proc = proc or launch.spawn(cmd, env, self._log_file)
         _LIVE.add(self)
         if wait:
             self.wait_ready()
@@ -223,7 +228,8 @@ class VLLMServer:
             if self.health(timeout_s=2.0):
                 if self._proc is not None:
                     self.startup_s = time.monotonic() - self._started_at
-                    log.info("vLLM ready at %s in %.1f s", self.url, self.startup_s)
+                    how = " (preloaded)" if self.preloaded else ""
+                    log.info("vLLM ready at %s in %.1f s%s", self.url, self.startup_s, how)
                 self._model_name = self._model_name or self._query_model_name()
                 return
             if time.monotonic() > deadline:

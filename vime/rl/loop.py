@@ -2,8 +2,8 @@
 
 :func:`train` sets the loop up and runs it; ``_Steps.run_step`` is one step written out
 (rollout, learn, sync, eval, metrics row, checkpoint, curves); the helpers below it do
-one thing each, and :mod:`vime.rl.setup` sets the run up. ``vime-agent train`` calls
-:func:`main`.
+one thing each, and :mod:`vime.rl.setup` sets the run up. ``vime-agent train``
+(:mod:`vime.rl.train_command`) calls :func:`train`.
 
 Data safety: every step's episodes go to the run's :class:`~vime.buffer.DataBuffer`
 (fsync'd) before training on them. A checkpoint stores the trainer state plus the task
@@ -25,7 +25,6 @@ import contextlib
 import functools
 import logging
 import os
-import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -37,8 +36,6 @@ from vime.agents.agent_command import AgentCommand
 from vime.agents.collector import Collector
 from vime.agents.policy_client import PolicyClient
 from vime.buffer import DataBuffer
-from vime.conf.compose import describe, load_config
-from vime.conf.overrides import split_config_dir
 from vime.conf.train import TrainConfig
 from vime.engine import EngineClient
 from vime.engine.fleet import asleep
@@ -52,7 +49,7 @@ from vime.placement.trainer_process import (
     trainer_in_own_process,
 )
 from vime.rl.advantages import make_samples, needs_reference
-from vime.rl.console import StepConsole, quiet_library_warnings
+from vime.rl.console import StepConsole
 from vime.rl.players import Players, load_players
 from vime.rl.rollouts import STOP, Rollouts
 from vime.rl.setup import (
@@ -95,6 +92,7 @@ def train(cfg: TrainConfig) -> TrainResult:
 
     Example (a ``rollout.generate`` that does not import fails before any engine or run
     folder exists):
+        >>> from vime.conf.compose import load_config
         >>> train(load_config(["rollout.generate=no_such_module:play"]))
         Traceback (most recent call last):
         ...
@@ -317,33 +315,3 @@ def _fleet_version(engines: list[EngineClient], version: int) -> int:
     """The oldest weight version an engine reports (the sync checked each one)."""
     reported = [v for v in (e.get_weight_version() for e in engines) if v is not None]
     return min((int(v) for v in reported), default=version)
-
-
-# ---------------------------------------------------------------- command line
-
-
-def main(argv: list[str]) -> int:
-    """``vime-agent train [--config-dir DIR] [group=option ...] [key=value ...]``."""
-    config_dir, argv = split_config_dir(argv)  # a folder of the user's presets
-    if any(a in ("-h", "--help") for a in argv):
-        print("usage: vime-agent train [--config-dir DIR] [group=option ...] [key=value ...]\n")
-        print(describe(config_dir))
-        return 0
-    quiet_library_warnings()
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
-    # Rank 0 speaks for the run; the other ranks only warn.
-    rank0 = os.environ.get("RANK", "0") == "0"
-    logging.getLogger("vime").setLevel(logging.INFO if rank0 else logging.WARNING)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    cfg = load_config(argv, config_dir)
-    with STOP.installed():  # Ctrl-C: checkpoint the last completed step, stop the engines
-        try:
-            result = train(cfg)
-        except KeyboardInterrupt as stop:
-            print(
-                f"vime-agent train: {stop.args[0] if stop.args else 'interrupted'}", file=sys.stderr
-            )
-            return 130
-    if rank0:
-        print(f"run folder: {result.run_dir}", file=sys.stderr)
-    return 0
