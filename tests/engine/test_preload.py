@@ -73,3 +73,16 @@ def test_a_preload_never_taken_ends_with_its_process(tiny_model_dir):
     pid, folder = done.stdout.split()
     assert _group_gone(int(pid), timeout_s=10)
     assert not os.path.exists(folder)
+
+
+def test_a_preload_that_cannot_start_leaves_the_launch_to_spawn(
+    tiny_model_dir, tmp_path, monkeypatch, caplog
+):
+    """No folder for its FIFO: no preload, a line saying why, and nothing to take."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "missing"))
+    config = EngineConfig(model=str(tiny_model_dir))
+    with caplog.at_level(logging.INFO, logger="vime.engine.preload"):
+        assert preload.begin(config) is None
+    assert "vLLM: not preloaded" in caplog.text
+    cmd = launch.command(config, port=1, model_name="tiny")
+    assert preload.take(cmd, launch.environment(config), tmp_path / "x.log") is None

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from vime.engine import cpu_fork, cpu_seed_rewind, vllm_plugin
+from vime.engine import cpu_eager_ranks, cpu_fork, cpu_seed_rewind, vllm_plugin
 
 
 def test_inert_unless_the_launcher_asks(monkeypatch):
@@ -52,13 +52,32 @@ def test_the_launcher_asks_only_cpu_servers_and_keeps_an_allowlist(monkeypatch):
     cpu = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
     assert cpu[vllm_plugin.ENV] == "50" and "VLLM_PLUGINS" not in cpu
     assert cpu[cpu_seed_rewind.ENV] == "1"  # seeded requests survive a chunked prefill
+    assert cpu[cpu_eager_ranks.ENV] == "1"  # no C++ build at the first log-probs request
     gpu = VLLMServer(EngineConfig(model="/m", device="cuda")).environment()
     assert vllm_plugin.ENV not in gpu and cpu_seed_rewind.ENV not in gpu
+    assert cpu_eager_ranks.ENV not in gpu
     off = VLLMServer(EngineConfig(model="/m", device="cpu", spin_sleep_us=0)).environment()
     assert vllm_plugin.ENV not in off
     monkeypatch.setenv("VLLM_PLUGINS", "lora_filesystem_resolver")
     allow = VLLMServer(EngineConfig(model="/m", device="cpu")).environment()
     assert allow["VLLM_PLUGINS"] == f"lora_filesystem_resolver,{vllm_plugin.NAME}"
+
+
+def test_ranks_are_counted_without_compile(monkeypatch):
+    """Through the plugin, the sampler's rank count is plain torch: the same counts as
+    vLLM's compiled one, with no C++ build at the first log-probs request."""
+    import torch
+
+    sampler = pytest.importorskip("vllm.v1.sample.sampler")
+    compiled = sampler.batched_count_greater_than
+    monkeypatch.setattr(sampler, "batched_count_greater_than", compiled)  # restored after
+    monkeypatch.setenv(cpu_eager_ranks.ENV, "1")  # as the launcher sets it for CPU servers
+    vllm_plugin.register()  # as vLLM loads the plugin in its processes
+    count = sampler.batched_count_greater_than
+    assert count is not compiled and not hasattr(count, "_torchdynamo_orig_callable")
+    logits = torch.tensor([[0.1, 0.5, 0.3, 0.3], [2.0, 1.0, 3.0, -1.0]])
+    sampled = torch.tensor([[0.3], [3.0]])
+    assert count(logits, sampled).tolist() == [3, 1]  # ties count, as vLLM's >= does
 
 
 def _complete(url: str, model: str, prompt: list[int], seed: int) -> list[int]:

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import IO
 
 from vime.engine import (
+    cpu_eager_ranks,
     cpu_fork,
     cpu_moe_reload,
     cpu_seed_rewind,
@@ -255,13 +256,15 @@ def environment(c: EngineConfig) -> dict[str, str]:
         env[vllm_auth.KEY_ENV] = c.api_key
     env.pop(vllm_plugin.ENV, None)  # set below, for CPU servers only
     env.pop(cpu_seed_rewind.ENV, None)
+    env.pop(cpu_eager_ranks.ENV, None)
     env.pop(cpu_moe_reload.ENV, None)
     env.pop(cpu_fork.ENV, None)
     env.pop(routed_experts.ENV, None)  # on only through routed_experts.launch (c.env)
     if device(c) == "cpu":
         env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(c.kv_cache_gib)))
-        # Both read by vime.engine.vllm_plugin inside vLLM's processes.
+        # Read by vime.engine.vllm_plugin inside vLLM's processes.
         env[cpu_seed_rewind.ENV] = "1"  # seeded requests survive a chunked prefill
+        env[cpu_eager_ranks.ENV] = "1"  # no C++ build on the first log-probs request
         env[cpu_moe_reload.ENV] = "1"  # MoE experts reload as the weights they are
         if c.spin_sleep_us > 0:
             env[vllm_plugin.ENV] = str(c.spin_sleep_us)

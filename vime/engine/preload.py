@@ -14,9 +14,8 @@ every variable its start and imports may read (:func:`read_at_start`: the interp
 the threading and math runtimes', torch's, vLLM's, Hugging Face's and vime's). The others
 (the engine key; a cache folder torch names in vime's process after its start) reach it
 with the hand-off, before the server runs. Otherwise it is stopped, the reason is logged,
-and the server is spawned as before. One that is never
-taken is stopped when vime exits. ``VIME_ENGINE_PRELOAD=0`` turns preloading off
-(``bench/train_start.py`` compares the two).
+and the server is spawned as before. One that is never taken is stopped when vime exits.
+``VIME_ENGINE_PRELOAD=0`` turns preloading off (``bench/train_start.py`` compares the two).
 
 Example (a config that :func:`begin` would not preload for):
     >>> from vime.engine.config import EngineConfig
@@ -95,7 +94,8 @@ class Preloaded:
         # This end stays open until the process has read the order (it then removes the
         # folder): a FIFO drops what it holds once no end is open, and the process may
         # not have opened its end yet.
-        _handed.append(self)
+        with _lock:
+            _handed.append(self)
 
     def close_channel(self) -> None:
         """Close this end: a process still waiting reads end of file and exits."""
@@ -124,27 +124,43 @@ def preloadable(config: EngineConfig) -> bool:
 
 def begin(config: EngineConfig) -> Preloaded | None:
     """Start a process that imports ``config``'s server and waits for its command line
-    (None where ``config`` is not :func:`preloadable`).
+    (None where ``config`` is not :func:`preloadable`, or the process cannot be started:
+    the launch then spawns, as it would without this).
 
     Usage: ``begin(cfg.engine)`` early in a command that will launch that engine.
     """
     if not preloadable(config):
         return None
+    try:
+        preloaded = _start(config)
+    except OSError as error:
+        log.info("vLLM: not preloaded (%s)", error)
+        return None
+    with _lock:
+        _waiting.append(preloaded)
+    log.debug("preloading vLLM for the run's engine (pid %d)", preloaded.proc.pid)
+    return preloaded
+
+
+def _start(config: EngineConfig) -> Preloaded:
     env = launch.environment(dataclasses.replace(config, api_key=""))
     prefix = launch.command(config, port=0, model_name="")[:3]  # python -m MODULE
     folder = Path(tempfile.mkdtemp(prefix="vime-preload-"))  # 0700: the key passes here
-    fifo = folder / "handoff"
-    os.mkfifo(fifo, 0o600)
-    # Read-write: opening never blocks, and the process's read end can open at once.
-    channel = os.open(fifo, os.O_RDWR)
-    with (folder / "early.log").open("wb") as early:
-        cmd = [prefix[0], str(_SCRIPT), str(fifo), prefix[2], *ENGINE_MODULES]
-        proc = launch.spawn(cmd, env, early)
-    preloaded = Preloaded(proc, folder, channel, prefix, env, os.getcwd())
-    with _lock:
-        _waiting.append(preloaded)
-    log.debug("preloading vLLM for the run's engine (pid %d)", proc.pid)
-    return preloaded
+    channel = -1
+    try:
+        fifo = folder / "handoff"
+        os.mkfifo(fifo, 0o600)
+        # Read-write: opening never blocks, and the process's read end can open at once.
+        channel = os.open(fifo, os.O_RDWR)
+        with (folder / "early.log").open("wb") as early:
+            cmd = [prefix[0], str(_SCRIPT), str(fifo), prefix[2], *ENGINE_MODULES]
+            proc = launch.spawn(cmd, env, early)
+    except OSError:
+        if channel >= 0:
+            os.close(channel)
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Preloaded(proc, folder, channel, prefix, env, os.getcwd())
 
 
 def take(cmd: list[str], env: dict[str, str], log_path: Path) -> subprocess.Popen[bytes] | None:

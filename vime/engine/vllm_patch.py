@@ -1,8 +1,9 @@
 """How vime patches vLLM's classes inside vLLM's own processes, one patch at a time.
 
-Each patch (:mod:`vime.engine.cpu_seed_rewind`, :mod:`vime.engine.cpu_moe_reload`,
-:mod:`vime.engine.routed_experts`, :mod:`vime.engine.vllm_plugin`) replaces a few vLLM
-methods, and only where vime's launcher asked for it through an environment variable
+Each patch (:mod:`vime.engine.cpu_seed_rewind`, :mod:`vime.engine.cpu_eager_ranks`,
+:mod:`vime.engine.cpu_moe_reload`, :mod:`vime.engine.routed_experts`,
+:mod:`vime.engine.vllm_plugin`) replaces a few vLLM methods (or module functions), and
+only where vime's launcher asked for it through an environment variable
 (:func:`vime.engine.launch.environment`). :func:`replace_methods` is their common part:
 it applies nothing unless asked, warns and leaves vLLM alone where vLLM's classes have
 changed shape, applies a patch once however often it is called, and says in the server

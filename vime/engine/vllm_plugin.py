@@ -33,7 +33,14 @@ import os
 import time
 from typing import Any
 
-from vime.engine import cpu_fork, cpu_moe_reload, cpu_seed_rewind, lora_ipc, routed_experts
+from vime.engine import (
+    cpu_eager_ranks,
+    cpu_fork,
+    cpu_moe_reload,
+    cpu_seed_rewind,
+    lora_ipc,
+    routed_experts,
+)
 from vime.engine.vllm_patch import replace_methods
 
 ENV = "VIME_VLLM_SPIN_SLEEP_US"
@@ -45,10 +52,12 @@ def register() -> bool:
     (with ``VIME_VLLM_SPIN_SLEEP_US`` set; no doctest of that case: it would patch vLLM for
     the rest of the process. The module example shows the unset case). Also applies
     :mod:`vime.engine.cpu_fork`, :mod:`vime.engine.cpu_seed_rewind`,
+    :mod:`vime.engine.cpu_eager_ranks`,
     :mod:`vime.engine.cpu_moe_reload`, :mod:`vime.engine.routed_experts` and
     :mod:`vime.engine.lora_ipc` where the launcher asked for them."""
     cpu_fork.patch()
     cpu_seed_rewind.patch()
+    cpu_eager_ranks.patch()
     cpu_moe_reload.patch()
     routed_experts.patch()
     lora_ipc.patch()
