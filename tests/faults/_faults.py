@@ -112,16 +112,27 @@ def engine_port(run: Path) -> int:
 
 
 def server_pid(port: int) -> int | None:
-    """The launched server's leader process (its pid is its process group)."""
+    """The launched server's process group (its leader's pid), found by the process that
+    listens on ``port``: a preloaded server (vime.engine.preload) has no ``--port`` on its
+    command line."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:  # LISTEN
+                inodes.add(f"socket:[{fields[9]}]")
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
-            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                return os.getpgid(int(proc.name))
         except OSError:
             continue
-        if b"--port" in cmd and str(port).encode() in cmd and any(b"vllm" in c for c in cmd):
-            return int(proc.name)
     return None
 
 
